@@ -1,0 +1,36 @@
+# Dressage developer entry points. Every target bootstraps .venv first (seconds when ready).
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+export RAY_AUTH_MODE := disabled
+
+.PHONY: venv test lint typecheck pytest assets bench clean
+
+venv:
+	@bash scripts/bootstrap.sh
+
+## make test: lint (ruff), type-check (mypy on dressage/), then the whole pytest suite
+test: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+pytest: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## make assets: build the offline Qwen tokenizers and the tiny model into the cache
+assets: venv
+	$(BIN)/python -m dressage.assets
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,75 @@
+"""Tiny Qwen3-architecture causal LMs, made deterministically from a seed.
+
+They carry a real Qwen vocabulary (so real tokenizers and chat formats apply) and a few tens of
+thousands of non-embedding parameters, small enough for CPU tests and the embedded default::
+
+    from dressage.assets import tiny_model_dir
+    path = tiny_model_dir()                        # student, seed 0
+    teacher = tiny_model_dir(TinyModelSpec(seed=1))
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dressage.assets._cache import cached_build
+from dressage.assets.tokenizers import QwenVocab, qwen_tokenizer_dir
+
+_RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    vocab: QwenVocab = "qwen3.5"
+    seed: int = 0
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    max_position_embeddings: int = 32768
+
+
+def _build(spec: TinyModelSpec, out: Path) -> None:
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok_dir = qwen_tokenizer_dir(spec.vocab)
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    vocab = tokenizer.get_vocab()
+    vocab_size = -(-len(tokenizer) // 64) * 64
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=vocab["<|im_end|>"],
+        pad_token_id=vocab["<|endoftext|>"],
+    )
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(spec.seed)
+        model = Qwen3ForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.save_pretrained(str(out), safe_serialization=True)
+    for item in tok_dir.iterdir():
+        if item.is_file() and item.name not in {"recipe.json", ".complete"}:
+            shutil.copy2(item, out / item.name)
+
+
+def tiny_model_dir(spec: TinyModelSpec | None = None) -> Path:
+    """Folder of a tiny model plus its tokenizer, in Hugging Face layout."""
+    spec = spec or TinyModelSpec()
+    recipe = {"kind": "tiny-qwen3", "version": _RECIPE_VERSION, **asdict(spec)}
+    return cached_build("models", recipe, lambda out: _build(spec, out))

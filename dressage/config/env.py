@@ -1,0 +1,128 @@
+"""Every ``DRESSAGE_*`` environment variable, its type, default and meaning, in one place.
+
+Code reads these through :func:`env_str`, :func:`env_int`, :func:`env_float` and :func:`env_bool`,
+which refuse names that are not declared here, so a typo fails loudly instead of silently falling
+back to a default. ``dressage env`` prints this table.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str | None
+    doc: str
+
+
+_DECLARED = [
+    EnvVar(
+        "DRESSAGE_CACHE_DIR",
+        None,
+        "Where generated assets (tokenizers, tiny models) are cached. "
+        "Default: $XDG_CACHE_HOME/dressage or ~/.cache/dressage.",
+    ),
+    EnvVar("DRESSAGE_PROXY_URL", None, "Base URL of the recording proxy, for rollout code."),
+    EnvVar(
+        "DRESSAGE_PROXY_ADMIN_KEY", None, "Admin key for the proxy's control/session endpoints."
+    ),
+    EnvVar("DRESSAGE_PROXY_API_KEY", None, "API key the proxy requires on chat endpoints."),
+    EnvVar(
+        "DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC",
+        "300",
+        "A rollout pause that is never resumed ends by itself after this many seconds.",
+    ),
+    EnvVar(
+        "DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE",
+        "1",
+        "Pause proxy generation around every weight update (async drivers).",
+    ),
+    EnvVar(
+        "DRESSAGE_PROXY_PAUSE_REQUIRED",
+        "0",
+        "Fail the weight update when the proxy cannot be paused (otherwise warn and go on).",
+    ),
+    EnvVar(
+        "DRESSAGE_MOPD_TEACHER_CONFIG",
+        None,
+        "Path of the MOPD JSON config (teachers, datasets, reward modules).",
+    ),
+]
+
+ENV: dict[str, EnvVar] = {v.name: v for v in _DECLARED}
+
+
+def declare(name: str, default: str | None, doc: str) -> EnvVar:
+    """Declare a variable from the module that owns it (kept beside its use, listed here)."""
+    if not name.startswith("DRESSAGE_"):
+        raise ValueError(f"environment variable {name!r} must start with DRESSAGE_")
+    existing = ENV.get(name)
+    if existing is not None and (existing.default, existing.doc) != (default, doc):
+        raise ValueError(f"{name} declared twice with different defaults or docs")
+    var = EnvVar(name, default, doc)
+    ENV[name] = var
+    return var
+
+
+def _raw(name: str) -> str | None:
+    try:
+        var = ENV[name]
+    except KeyError:
+        raise KeyError(
+            f"{name} is not a declared DRESSAGE_* variable (see dressage.config.env)"
+        ) from None
+    value = os.environ.get(name)
+    return var.default if value is None or value == "" else value
+
+
+def env_str(name: str) -> str | None:
+    return _raw(name)
+
+
+def env_int(name: str) -> int | None:
+    raw = _raw(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def env_float(name: str) -> float | None:
+    raw = _raw(name)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def env_bool(name: str) -> bool:
+    raw = (_raw(name) or "0").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean (use one of {sorted(_TRUE | _FALSE)})")
+
+
+def cache_dir() -> Path:
+    """The asset cache folder (created on demand)."""
+    configured = env_str("DRESSAGE_CACHE_DIR")
+    if configured:
+        path = Path(configured)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path = Path(base) / "dressage"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,1 @@
+"""The recording proxy: an OpenAI-compatible front of the inference engine."""

@@ -1,0 +1,1 @@
+"""From recorded segments to slime samples and train data."""

@@ -1,0 +1,1 @@
+"""Losses, reward post-processing, teacher rotation, the embedded trainer and slime drivers."""
