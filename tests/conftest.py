@@ -1,0 +1,40 @@
+"""Suite-wide setup: offline model hub, quiet libraries, shared fixtures for real assets."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def qwen35_tokenizer():  # type: ignore[no-untyped-def]
+    from dressage.assets import load_tokenizer
+
+    return load_tokenizer("qwen3.5")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    from dressage.assets import tiny_model_dir
+
+    return tiny_model_dir()
+
+
+@pytest.fixture
+def memory_fs() -> Iterator[None]:
+    """A clean fsspec memory:// store for one test (it is process-global)."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    MemoryFileSystem.store.clear()
+    MemoryFileSystem.pseudo_dirs.clear()
+    MemoryFileSystem.pseudo_dirs.append("")
+    yield
+    MemoryFileSystem.store.clear()
