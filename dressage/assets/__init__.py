@@ -8,6 +8,7 @@ changes::
     python -m dressage.assets            # build the default tokenizer and tiny model, print paths
 """
 
+from dressage.assets.family_tokenizers import load_family_tokenizer
 from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir
 from dressage.assets.tokenizers import (
     QWEN_VOCABS,
@@ -20,6 +21,7 @@ __all__ = [
     "QWEN_VOCABS",
     "QwenVocab",
     "TinyModelSpec",
+    "load_family_tokenizer",
     "load_tokenizer",
     "qwen_tokenizer_dir",
     "tiny_model_dir",

@@ -71,5 +71,8 @@ def _build(spec: TinyModelSpec, out: Path) -> None:
 def tiny_model_dir(spec: TinyModelSpec | None = None) -> Path:
     """Folder of a tiny model plus its tokenizer, in Hugging Face layout."""
     spec = spec or TinyModelSpec()
-    recipe = {"kind": "tiny-qwen3", "version": _RECIPE_VERSION, **asdict(spec)}
+    # the tokenizer folder's key: a rebuilt tokenizer (new template, say) gives a new model folder
+    tokenizer_key = qwen_tokenizer_dir(spec.vocab).name
+    recipe = {"kind": "tiny-qwen3", "version": _RECIPE_VERSION, "tokenizer": tokenizer_key}
+    recipe.update(asdict(spec))
     return cached_build("models", recipe, lambda out: _build(spec, out))

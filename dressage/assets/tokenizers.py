@@ -12,6 +12,7 @@ the ids the package assigns, and save a ``PreTrainedTokenizerFast`` folder::
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -106,12 +107,15 @@ def _build(spec: _VocabSpec, out: Path) -> None:
             [AddedToken(token, special=token in _CONTROL, normalized=False)],
         )
         assert backend.token_to_id(token) == expected_id, token
+    from dressage.proxy.tito.template_utils import load_pinned_template
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         model_max_length=262144,
         clean_up_tokenization_spaces=False,
+        chat_template=load_pinned_template(spec.name),
     )
     fast.save_pretrained(str(out))
 
@@ -119,11 +123,14 @@ def _build(spec: _VocabSpec, out: Path) -> None:
 def qwen_tokenizer_dir(vocab: QwenVocab = "qwen3.5") -> Path:
     """Folder of the converted tokenizer (built on first use, about 5 to 15 s)."""
     spec = _spec(vocab)
+    from dressage.proxy.tito.template_utils import load_pinned_template
+
     recipe = {
         "kind": "qwen-tokenizer",
         "vocab": vocab,
         "version": _RECIPE_VERSION,
         "package": _package_version(),
+        "chat_template_sha256": hashlib.sha256(load_pinned_template(vocab).encode()).hexdigest(),
     }
     return cached_build("tokenizers", recipe, lambda out: _build(spec, out))
 

@@ -1,0 +1,226 @@
+"""The interface every TITO tokenizer implements, and what they all share.
+
+``start`` renders a segment's first request whole; ``extend`` appends one request's new messages
+to a segment (or says why it cannot); ``record_output`` appends the sampled ids verbatim.
+Implementations: one per pinned chat family (:mod:`~dressage.proxy.tito.templated`), the generic
+prefix-checking mode (:mod:`~dressage.proxy.tito.generic`) and the snapshot baseline
+(:mod:`~dressage.proxy.tito.snapshot`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dressage.proxy.parsers import ParsedOutput, parse_assistant_output
+from dressage.proxy.tito.state import (
+    BoundaryReason,
+    SegmentBoundary,
+    TITOInputError,
+    TITOState,
+    TITOTurn,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["Encoder", "TITOTokenizer", "make_encoder", "retry_pending", "single_token_id"]
+
+Encoder = Callable[[str], list[int]]
+
+
+def make_encoder(tokenizer: PreTrainedTokenizerBase) -> Encoder:
+    """``tokenizer.encode(text, add_special_tokens=False)``, through the Rust backend when there is
+    one (same ids, without transformers' per-call Python overhead)."""
+    from tokenizers import Tokenizer
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(backend, Tokenizer):
+        return lambda text: backend.encode(text, add_special_tokens=False).ids
+    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def single_token_id(encode: Encoder, token: str, family: str) -> int:
+    ids = encode(token)
+    if len(ids) != 1:
+        raise ValueError(
+            f"the tokenizer has no single token {token!r} (it encodes to {ids}): "
+            f"it is not a {family} vocabulary"
+        )
+    return ids[0]
+
+
+class TITOTokenizer(ABC):
+    """Token in, token out: a segment's ids grow by appended deltas and sampled outputs only."""
+
+    family: str
+    stop_token_ids: list[int]
+    """Ids the engine should stop on."""
+    closer_ids: frozenset[int]
+    """Ids that close an assistant turn when sampled last."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.encode: Encoder = make_encoder(tokenizer)
+
+    @abstractmethod
+    def start(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> TITOTurn:
+        """First request of a segment: render the conversation whole, with a generation prompt.
+
+        Raises :class:`TITOInputError` when no segment can hold the request.
+        """
+
+    @abstractmethod
+    def extend(
+        self,
+        state: TITOState,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> TITOTurn | SegmentBoundary:
+        """Append the request's new messages (its FULL list must start with the segment's).
+
+        On success ``state`` is updated in place and returned in the turn; on a boundary it is
+        left untouched. Raises :class:`TITOInputError` for input no segment can hold.
+        """
+
+    @abstractmethod
+    def render_conversation(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The whole conversation as text, as ``start`` and the snapshot mode render it."""
+
+    def thinking(self, chat_template_kwargs: dict[str, Any]) -> bool | None:
+        """Whether the generation prompt opens a reasoning block (None: unknown, or none)."""
+        return None
+
+    @property
+    def parser_family(self) -> str | None:
+        return None
+
+    def record_output(
+        self, state: TITOState, output_ids: Sequence[int], *, assistant_message: dict[str, Any]
+    ) -> TITOState:
+        """Append the sampled ids verbatim (mask 1) and remember the message returned to the agent.
+
+        An output that does not end in a turn closer (a length stop, an abort) leaves the turn open;
+        the next ``extend`` closes it with a non-trainable closer.
+        """
+        if not state.awaiting_output:
+            raise ValueError(
+                "record_output: the segment ends in an output already; call extend() first"
+            )
+        if not isinstance(assistant_message, dict) or assistant_message.get("role") != "assistant":
+            raise TITOInputError(
+                f"record_output: assistant_message must be an assistant message, "
+                f"got {assistant_message!r:.120}"
+            )
+        ids = list(output_ids)
+        state.ids.extend(ids)
+        state.loss_mask.extend([1] * len(ids))
+        state.messages.append(assistant_message)
+        state.echoes.append(assistant_message)
+        state.sampled.append(True)
+        state.open_turn = not ids or ids[-1] not in self.closer_ids
+        state.awaiting_output = False
+        self._after_output(state, ids)
+        return state
+
+    def _after_output(self, state: TITOState, output_ids: list[int]) -> None:  # noqa: B027
+        """Hook for modes that track more than ids (the generic mode tracks text)."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens kept (what a parser reads)."""
+        return str(
+            self.tokenizer.decode(
+                list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        )
+
+    def parse_output(self, state: TITOState, output_ids: Sequence[int]) -> ParsedOutput:
+        """The assistant message for ``output_ids`` sampled after ``state``'s generation prompt."""
+        text = self.decode(output_ids)
+        family = self.parser_family
+        if family is None:
+            return ParsedOutput(content=text)
+        return parse_assistant_output(
+            text,
+            family=family,
+            tools=state.tools,
+            thinking=self.thinking(state.chat_template_kwargs),
+        )
+
+    @staticmethod
+    def _new_state(
+        messages: Sequence[dict[str, Any]],
+        ids: list[int],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        text: str | None = None,
+    ) -> TITOState:
+        return TITOState(
+            ids=ids,
+            loss_mask=[0] * len(ids),
+            messages=list(messages),
+            echoes=list(messages),
+            sampled=[False] * len(messages),
+            tools=tools,
+            chat_template_kwargs=kwargs,
+            text=text,
+        )
+
+    @staticmethod
+    def _commit(
+        state: TITOState,
+        messages: Sequence[dict[str, Any]],
+        first_new: int,
+        echo_updates: list[tuple[int, dict[str, Any]]],
+        delta: list[int],
+        kwargs: dict[str, Any],
+    ) -> TITOTurn:
+        for i, message in echo_updates:
+            state.echoes[i] = message
+        appended = list(messages[first_new:])
+        state.ids.extend(delta)
+        state.loss_mask.extend([0] * len(delta))
+        state.messages.extend(appended)
+        state.echoes.extend(appended)
+        state.sampled.extend([False] * len(appended))
+        state.chat_template_kwargs = kwargs
+        state.awaiting_output = True
+        state.open_turn = False
+        return TITOTurn(delta_ids=delta, state=state)
+
+
+def retry_pending(
+    state: TITOState,
+    messages: Sequence[dict[str, Any]],
+    first: int,
+    echo_updates: list[tuple[int, dict[str, Any]]],
+    kwargs: dict[str, Any],
+) -> TITOTurn | SegmentBoundary:
+    """A request while the last generation has no output: only a plain retry can go on
+    (the same messages again: nothing to append)."""
+    if first == len(messages) and kwargs == state.chat_template_kwargs:
+        for i, message in echo_updates:
+            state.echoes[i] = message
+        return TITOTurn(delta_ids=[], state=state)
+    return SegmentBoundary(
+        BoundaryReason.OUTPUT_NOT_RECORDED,
+        f"{len(messages) - first} new messages (or new template kwargs) arrived, but the "
+        "segment's last generation prompt has no recorded output",
+        first,
+    )
