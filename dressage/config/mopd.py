@@ -1,0 +1,509 @@
+"""The MOPD config: teachers, datasets and reward modules, validated once and failing closed.
+
+``DRESSAGE_MOPD_TEACHER_CONFIG`` points at a JSON file of this shape::
+
+    {
+      "student":  {"hf_checkpoint": "/ckpt/Qwen3.5-4B", "ref_load": "/ckpt/Qwen3.5-4B_torch_dist"},
+      "teachers": {"alfworld": {"load": "/ckpt/alfworld_torch_dist", "ckpt_step": 400,
+                                "tokenizer": "/ckpt/alfworld_hf"}},
+      "datasets": [{"name": "alfworld", "path": "data/alfworld.jsonl", "teacher_id": "alfworld",
+                    "weight": 1.0, "agent_mode": "blackbox", "generate_function_path": null}],
+      "reward_modules": ["dressage.reward.tasks"],
+      "runtime_env_keys": ["OPENAI_API_KEY"]
+    }
+
+Every dataset names its teacher: there is no default teacher, by design, so a sample can never
+be distilled from a teacher nobody chose. Path values may use ``${VAR}`` (an unset variable is
+an error) and are resolved against the config file's folder when relative; ``tiny:seed=1`` (also
+``vocab=qwen3``, ``hidden_size=32``, ...) names a tiny model from :mod:`dressage.assets`, built
+on first use by :meth:`MopdConfig.materialize`.
+
+Check a config and a slime command line's options against the MOPD objective::
+
+    python -m dressage.config.mopd configs/mopd/embedded.json
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dressage.config.env import env_str
+
+__all__ = [
+    "MOPD_HOOKS",
+    "DatasetSpec",
+    "MopdConfig",
+    "MopdConfigError",
+    "MopdReport",
+    "Problem",
+    "StudentSpec",
+    "TeacherSpec",
+    "load_mopd_config",
+    "mopd_args_defaults",
+    "resolve_checkpoint",
+    "validate_mopd_run",
+]
+
+# slime args attribute -> the dressage hook it must name (ARCHITECTURE.md ★ paths). The first four
+# carry the objective and the teacher ids; a run that swaps any of them is not MOPD any more.
+MOPD_HOOKS: Mapping[str, str] = {
+    "custom_advantage_function_path": "dressage.training.mopd_loss.compute_mopd_advantages",
+    "custom_loss_function_path": "dressage.training.mopd_loss.mopd_policy_loss",
+    "custom_convert_samples_to_train_data_path": (
+        "dressage.rollout.convert_samples.convert_samples_to_train_data"
+    ),
+    "data_source_path": "dressage.rollout.data_source.MopdDataSource",
+    "custom_reward_post_process_path": "dressage.training.reward_post_process.reward_post_process",
+    "custom_rm_path": "dressage.reward.custom_rm.custom_rm",
+    "custom_generate_function_path": "dressage.rollout.generate.blackbox_dispatch.generate",
+}
+_REQUIRED_HOOKS = (
+    "custom_advantage_function_path",
+    "custom_loss_function_path",
+    "custom_convert_samples_to_train_data_path",
+    "data_source_path",
+)
+# slime awaits these (reference/slime.md §2), so a plain function fails only mid-rollout.
+_COROUTINE_HOOKS = {"custom_rm_path", "custom_generate_function_path"}
+
+_DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TeacherSpec(_Strict):
+    load: str = Field(min_length=1)
+    """Checkpoint folder: Megatron torch_dist (cluster) or Hugging Face layout (embedded)."""
+    ckpt_step: int | None = Field(default=None, ge=0)
+    """Iteration to load from a torch_dist folder; None = latest_checkpointed_iteration.txt."""
+    tokenizer: str | None = None
+    """HF folder with the tokenizer, when ``load`` is torch_dist and has no tokenizer files."""
+
+
+class StudentSpec(_Strict):
+    hf_checkpoint: str = Field(min_length=1)
+    """HF folder: tokenizer, config, and the weights the rollout engine starts from."""
+    ref_load: str | None = None
+    """Megatron torch_dist folder the actor starts from (slime's ``--ref-load``)."""
+    ckpt_step: int | None = Field(default=None, ge=0)
+
+
+class DatasetSpec(_Strict):
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    teacher_id: str
+    weight: float
+    agent_mode: Literal["blackbox", "whitebox"]
+    generate_function_path: str | None = None
+    # Optional, read by dressage.rollout.data_source: the reward task of the rows (a name in
+    # dressage.reward.registry) and per-dataset overrides of slime's --input/label/metadata-key.
+    task: str | None = None
+    input_key: str | None = None
+    label_key: str | None = None
+    metadata_key: str | None = None
+
+
+class MopdConfig(_Strict):
+    teachers: dict[str, TeacherSpec]
+    datasets: list[DatasetSpec]
+    reward_modules: list[str] = Field(default_factory=list)
+    runtime_env_keys: list[str] = Field(default_factory=list)
+    student: StudentSpec | None = None
+
+    def materialize(self) -> MopdConfig:
+        """A copy whose ``tiny:`` checkpoints are built and replaced by their folders."""
+
+        def real(value: str | None) -> str | None:
+            return None if value is None else str(resolve_checkpoint(value))
+
+        teachers = {
+            tid: t.model_copy(update={"load": real(t.load), "tokenizer": real(t.tokenizer)})
+            for tid, t in self.teachers.items()
+        }
+        student = self.student
+        if student is not None:
+            student = student.model_copy(
+                update={
+                    "hf_checkpoint": real(student.hf_checkpoint),
+                    "ref_load": real(student.ref_load),
+                }
+            )
+        return self.model_copy(update={"teachers": teachers, "student": student})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a run must not start; ``subject`` names the teacher, dataset or option."""
+
+    subject: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.message}"
+
+
+class MopdConfigError(ValueError):
+    """Raised with every problem found, so one attempt shows everything to fix."""
+
+    def __init__(self, problems: Sequence[Problem], *, source: str = "MOPD run") -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{source} is invalid ({len(self.problems)} problem(s)):\n{lines}")
+
+
+@dataclass
+class MopdReport:
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_if_failed(self, source: str = "MOPD run") -> None:
+        if self.problems:
+            raise MopdConfigError(self.problems, source=source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_mopd_config(path: str | Path | None = None) -> MopdConfig:
+    """Read, type-check and path-resolve the config; raise :class:`MopdConfigError` if invalid.
+
+    ``path`` defaults to ``$DRESSAGE_MOPD_TEACHER_CONFIG``.
+    """
+    raw_path = str(path) if path is not None else env_str("DRESSAGE_MOPD_TEACHER_CONFIG")
+    if not raw_path:
+        problem = Problem("DRESSAGE_MOPD_TEACHER_CONFIG", "no MOPD config path given or set")
+        raise MopdConfigError([problem], source="MOPD config")
+    source = Path(raw_path).expanduser().resolve()
+    try:
+        data = json.loads(source.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise MopdConfigError([Problem(str(source), f"unreadable: {exc}")]) from exc
+    try:
+        config = MopdConfig.model_validate(data)
+    except ValidationError as exc:
+        raise MopdConfigError(_pydantic_problems(exc, data), source=str(source)) from exc
+    problems: list[Problem] = []
+    config = _resolve_paths(config, source.parent, problems)
+    problems += _config_problems(config, check_paths=False)
+    if problems:
+        raise MopdConfigError(problems, source=str(source))
+    return config
+
+
+def _pydantic_problems(exc: ValidationError, data: Any) -> list[Problem]:
+    out = []
+    for err in exc.errors():
+        loc = err["loc"]
+        subject = ".".join(str(p) for p in loc) or "config"
+        if len(loc) >= 2 and loc[0] == "datasets" and isinstance(loc[1], int):
+            try:
+                name = data["datasets"][loc[1]].get("name")
+            except (KeyError, IndexError, TypeError, AttributeError):
+                name = None
+            rest = ".".join(str(p) for p in loc[2:])
+            subject = f"dataset {name!r}" if name else f"datasets[{loc[1]}]"
+            subject += f" {rest}" if rest else ""
+        elif len(loc) >= 2 and loc[0] == "teachers":
+            rest = ".".join(str(p) for p in loc[2:])
+            subject = f"teacher {loc[1]!r}" + (f" {rest}" if rest else "")
+        out.append(Problem(subject, err["msg"]))
+    return out
+
+
+def _expand(value: str, subject: str, base: Path, problems: list[Problem]) -> str:
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        found = os.environ.get(name)
+        if name == "DRESSAGE_CACHE_DIR" and not found:
+            from dressage.config.env import cache_dir
+
+            return str(cache_dir())
+        if not found:
+            problems.append(Problem(subject, f"${{{name}}} in {value!r} is not set"))
+            return match.group(0)
+        return found
+
+    expanded = _PLACEHOLDER.sub(sub, value)
+    if expanded.startswith("tiny:") or "://" in expanded:
+        return expanded
+    path = Path(expanded).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _resolve_paths(config: MopdConfig, base: Path, problems: list[Problem]) -> MopdConfig:
+    def fix(value: str | None, subject: str) -> str | None:
+        return None if value is None else _expand(value, subject, base, problems)
+
+    teachers = {
+        tid: t.model_copy(
+            update={
+                "load": fix(t.load, f"teacher {tid!r} load"),
+                "tokenizer": fix(t.tokenizer, f"teacher {tid!r} tokenizer"),
+            }
+        )
+        for tid, t in config.teachers.items()
+    }
+    datasets = [
+        d.model_copy(update={"path": fix(d.path, f"dataset {d.name!r} path")})
+        for d in config.datasets
+    ]
+    student = config.student
+    if student is not None:
+        student = student.model_copy(
+            update={
+                "hf_checkpoint": fix(student.hf_checkpoint, "student hf_checkpoint"),
+                "ref_load": fix(student.ref_load, "student ref_load"),
+            }
+        )
+    return config.model_copy(
+        update={"teachers": teachers, "datasets": datasets, "student": student}
+    )
+
+
+def resolve_checkpoint(value: str) -> Path:
+    """A checkpoint folder for a path or a ``tiny:key=value,...`` tiny-model spec."""
+    if not value.startswith("tiny:"):
+        return Path(value)
+    from dataclasses import fields as dc_fields
+
+    from dressage.assets import TinyModelSpec, tiny_model_dir
+
+    defaults = {f.name: f.default for f in dc_fields(TinyModelSpec)}
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, value[len("tiny:") :].split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep or key not in defaults:
+            raise ValueError(f"{value!r}: {item!r} is not key=value with key in {sorted(defaults)}")
+        kwargs[key] = int(raw) if isinstance(defaults[key], int) else raw
+    return tiny_model_dir(TinyModelSpec(**kwargs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _config_problems(config: MopdConfig, *, check_paths: bool) -> list[Problem]:
+    problems: list[Problem] = []
+    if not config.teachers:
+        problems.append(Problem("teachers", "no teacher configured"))
+    if not config.datasets:
+        problems.append(Problem("datasets", "no dataset configured"))
+    for tid in config.teachers:
+        if not tid.strip() or tid != tid.strip():
+            problems.append(Problem(f"teacher {tid!r}", "an id must be non-empty, no padding"))
+    seen: set[str] = set()
+    known = ", ".join(sorted(config.teachers)) or "none"
+    for ds in config.datasets:
+        subject = f"dataset {ds.name!r}"
+        if ds.name in seen:
+            problems.append(Problem(subject, "the name is used by more than one dataset"))
+        seen.add(ds.name)
+        if ds.teacher_id not in config.teachers:
+            problems.append(
+                Problem(
+                    subject,
+                    f"teacher_id {ds.teacher_id!r} is not a teacher of this config (known: "
+                    f"{known}); there is no default teacher",
+                )
+            )
+        if not (math.isfinite(ds.weight) and ds.weight > 0):
+            problems.append(Problem(subject, f"weight must be > 0, got {ds.weight}"))
+        if ds.agent_mode == "whitebox" and not ds.generate_function_path:
+            problems.append(Problem(subject, "a whitebox dataset needs generate_function_path"))
+        if ds.generate_function_path and not _DOTTED.match(ds.generate_function_path):
+            problems.append(
+                Problem(
+                    subject,
+                    f"generate_function_path {ds.generate_function_path!r} must be "
+                    "module.attribute (slime splits on the last dot; 'file.py:fn' is unsupported)",
+                )
+            )
+        if check_paths and "://" not in ds.path and not Path(ds.path).is_file():
+            problems.append(Problem(subject, f"path {ds.path} does not exist"))
+    for module in config.reward_modules:
+        if not _DOTTED.match(module) and not re.match(r"^[A-Za-z_]\w*$", module):
+            problems.append(Problem(f"reward module {module!r}", "not a dotted module path"))
+    for key in config.runtime_env_keys:
+        if not _ENV_NAME.match(key):
+            problems.append(Problem(f"runtime_env_keys {key!r}", "not an environment name"))
+    return problems
+
+
+def _objective_problems(args: Any) -> list[Problem]:
+    """Options that contradict A_t = clip(log π_T − log π_old, ±c), L = −mean(A_t · log π)."""
+
+    def opt(name: str, default: Any) -> Any:
+        value = getattr(args, name, default)
+        return default if value is None else value
+
+    problems: list[Problem] = []
+
+    def bad(option: str, message: str) -> None:
+        problems.append(Problem(f"option {option}", message))
+
+    n = int(opt("n_samples_per_prompt", 1))
+    if n > 1:
+        bad(
+            "--n-samples-per-prompt",
+            f"MOPD takes one sample per prompt (the teacher, not a group baseline, gives the "
+            f"signal), got {n}",
+        )
+    if opt("use_kl_loss", False):
+        bad("--use-kl-loss", "a KL-to-reference loss term is not part of MOPD")
+    if float(opt("kl_loss_coef", 0.0)) != 0.0:
+        bad("--kl-loss-coef", f"a KL loss term is not part of MOPD, got {opt('kl_loss_coef', 0)}")
+    if float(opt("kl_coef", 0.0)) != 0.0:
+        bad("--kl-coef", f"reward KL shaping is not part of MOPD, got {opt('kl_coef', 0.0)}")
+    if float(opt("entropy_coef", 0.0)) != 0.0:
+        bad("--entropy-coef", f"an entropy term is not part of MOPD, got {opt('entropy_coef', 0)}")
+    if opt("rewards_normalization", True):
+        bad("--disable-rewards-normalization", "must be set: group reward normalisation is GRPO's")
+    if opt("normalize_advantages", False):
+        bad("--normalize-advantages", "whitening would rescale the clipped teacher advantage")
+    if opt("loss_type", "policy_loss") != "custom_loss":
+        bad(
+            "--loss-type",
+            f"must be custom_loss (PPO ratio losses are not MOPD), got {opt('loss_type', '')!r}",
+        )
+    for attr in _REQUIRED_HOOKS:
+        if opt(attr, None) != MOPD_HOOKS[attr]:
+            flag = "--" + attr.replace("_", "-")
+            bad(flag, f"must be {MOPD_HOOKS[attr]}, got {opt(attr, None)!r}")
+    if opt("use_opd", False):
+        bad("--use-opd", "slime's single-teacher OPD shaping would be added on top of MOPD")
+    if opt("use_critic", False) or opt("advantage_estimator", "") == "ppo":
+        bad("--advantage-estimator", "a critic (ppo) is not part of MOPD")
+    if not opt("compute_advantages_and_returns", True):
+        bad("--disable-compute-advantages-and-returns", "MOPD advantages would never be computed")
+    steps = int(opt("num_steps_per_rollout", 1))
+    if steps != 1:
+        bad("--num-steps-per-rollout", f"MOPD takes one step per rollout, got {steps}")
+    gbs, rbs = getattr(args, "global_batch_size", None), getattr(args, "rollout_batch_size", None)
+    if gbs is not None and rbs is not None and int(gbs) != int(rbs) * n:
+        bad(
+            "--global-batch-size",
+            f"{gbs} != rollout_batch_size x n_samples_per_prompt = {int(rbs) * n}: more than one "
+            "step per rollout",
+        )
+    return problems
+
+
+def _import_error(path: str, *, coroutine: bool) -> str | None:
+    module_name, _, attr = path.rpartition(".")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # any import-time failure is the evidence the report must carry
+        return f"cannot import {path}: {type(exc).__name__}: {exc}"
+    if coroutine and not inspect.iscoroutinefunction(target):
+        return f"{path} must be an async function (slime awaits it)"
+    return None
+
+
+def _import_problems(config: MopdConfig, args: Any) -> list[Problem]:
+    problems: list[Problem] = []
+    for ds in config.datasets:
+        if ds.generate_function_path and _DOTTED.match(ds.generate_function_path):
+            err = _import_error(ds.generate_function_path, coroutine=True)
+            if err:
+                problems.append(Problem(f"dataset {ds.name!r}", err))
+    for module in config.reward_modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # reported with its type and text
+            problems.append(Problem(f"reward module {module!r}", f"{type(exc).__name__}: {exc}"))
+    for attr in MOPD_HOOKS:
+        path = getattr(args, attr, None)
+        if isinstance(path, str) and _DOTTED.match(path):
+            err = _import_error(path, coroutine=attr in _COROUTINE_HOOKS)
+            if err:
+                problems.append(Problem(f"option --{attr.replace('_', '-')}", err))
+    return problems
+
+
+def validate_mopd_run(
+    config: MopdConfig,
+    args: Any,
+    *,
+    check_imports: bool = True,
+    check_paths: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> MopdReport:
+    """Every reason this config plus these slime options must not train, in one report.
+
+    ``args`` is slime's parsed namespace or anything with the same attribute names; a missing
+    attribute takes slime's default. Checkpoints are checked by
+    :func:`dressage.training.checkpoints.validate_mopd_checkpoints`.
+    """
+    env = os.environ if environ is None else environ
+    report = MopdReport(problems=_config_problems(config, check_paths=check_paths))
+    report.problems += _objective_problems(args)
+    if check_imports:
+        report.problems += _import_problems(config, args)
+    for key in config.runtime_env_keys:
+        if _ENV_NAME.match(key) and not env.get(key):
+            report.problems.append(
+                Problem(f"runtime_env_keys {key!r}", "not set here, so it cannot be forwarded")
+            )
+    used = {ds.teacher_id for ds in config.datasets}
+    for tid in sorted(set(config.teachers) - used):
+        report.warnings.append(
+            Problem(f"teacher {tid!r}", "no dataset names it; it would only occupy host memory")
+        )
+    return report
+
+
+def mopd_args_defaults(**overrides: Any) -> SimpleNamespace:
+    """The slime options a MOPD run needs, as an args-like namespace (for checks and tests)."""
+    values: dict[str, Any] = {
+        "n_samples_per_prompt": 1,
+        "loss_type": "custom_loss",
+        "rewards_normalization": False,
+        "advantage_estimator": "mopd",
+        **{attr: MOPD_HOOKS[attr] for attr in _REQUIRED_HOOKS},
+    }
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dressage.config.mopd CONFIG``: check the config alone (no slime options)."""
+    paths = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config = load_mopd_config(paths[0] if paths else None)
+    except MopdConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    report = validate_mopd_run(config, mopd_args_defaults(), check_imports=True)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not report.ok:
+        print(MopdConfigError(report.problems, source="MOPD config"), file=sys.stderr)
+        return 1
+    print(f"ok: {len(config.teachers)} teacher(s), {len(config.datasets)} dataset(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
