@@ -3,6 +3,8 @@
     dressage artifacts validate URL     # exit 0, or non-zero with the JSON report
     dressage artifacts show URL         # a readable summary of an artifact folder
     dressage engine serve --model PATH  # the embedded SGLang-compatible engine
+    dressage mopd check CONFIG          # validate a MOPD config (teachers, datasets, routes)
+    dressage mopd launch ...            # build (and run) slime's MOPD command line
     dressage assets                     # build the offline tokenizers and tiny model
     dressage env                        # the DRESSAGE_* variables and their defaults
 
@@ -21,6 +23,8 @@ _COMMANDS: dict[tuple[str, ...], str] = {
     ("artifacts", "validate"): "dressage.staging.cli:validate_main",
     ("artifacts", "show"): "dressage.staging.cli:show_main",
     ("engine", "serve"): "dressage.engine.cli:serve_main",
+    ("mopd", "check"): "dressage.config.mopd:main",
+    ("mopd", "launch"): "dressage.launch.slime_command:main",
     ("assets",): "dressage.assets.__main__:main_argv",
     ("env",): "dressage.cli:env_main",
 }

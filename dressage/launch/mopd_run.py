@@ -1,0 +1,109 @@
+"""The typed settings of one MOPD launch, however they arrive: Airflow Params, CLI flags, env.
+
+    MopdRunConfig.model_validate(params)                       # Airflow Params, JSON
+    MopdRunConfig.from_env(os.environ, output_dir="runs/x")    # TP_SIZE, CP_SIZE, ... (below)
+
+Only what a launch decides lives here (parallelism, batch sizes, seeds, checkpoints, W&B); the
+teachers and datasets live in the MOPD config it names. Credentials never live here: W&B and the
+config's ``runtime_env_keys`` are read from the environment and forwarded through the Ray runtime
+environment, never put on a command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ENV_FIELDS", "MopdRunConfig"]
+
+
+class MopdRunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mopd_config: str = Field(min_length=1)
+    """The MOPD JSON (teachers, datasets, reward modules)."""
+    output_dir: str = Field(min_length=1)
+    """Run artifacts: resolved config, runtime env, metrics/, checkpoints/ by default."""
+
+    hf_checkpoint: str | None = None
+    """Student HF folder; default: the config's ``student.hf_checkpoint``."""
+    ref_load: str | None = None
+    """Student torch_dist folder; default: the config's ``student.ref_load``."""
+    ref_ckpt_step: int | None = Field(default=None, ge=0)
+    load: str | None = None
+    """Resume folder; default ``<output_dir>/checkpoints``."""
+    save: str | None = None
+    """Checkpoint folder; default ``<output_dir>/checkpoints``."""
+    save_interval: int = Field(default=20, ge=1)
+
+    num_rollout: int = Field(default=100, ge=1)
+    rollout_batch_size: int = Field(default=32, ge=1)
+    n_samples_per_prompt: int = Field(default=1, ge=1)
+    """MOPD takes 1; more is refused by validation, naming the option."""
+    global_batch_size: int | None = Field(default=None, ge=1)
+    """Default: rollout_batch_size x n_samples_per_prompt (one step per rollout)."""
+    max_tokens_per_gpu: int | None = Field(default=None, ge=1)
+    """Dynamic micro-batching budget; None keeps slime's static micro-batches."""
+    rollout_max_response_len: int = Field(default=8192, ge=1)
+    rollout_temperature: float = Field(default=1.0, gt=0)
+
+    tp_size: int = Field(default=1, ge=1)
+    cp_size: int = Field(default=1, ge=1)
+    pp_size: int = Field(default=1, ge=1)
+    actor_num_nodes: int = Field(default=1, ge=1)
+    actor_num_gpus_per_node: int = Field(default=8, ge=1)
+    colocate: bool = True
+    """Trainer and rollout engines share the GPUs (the sync recipe)."""
+    rollout_num_gpus: int | None = Field(default=None, ge=1)
+    """Engine GPUs when not colocated."""
+    rollout_num_gpus_per_engine: int = Field(default=1, ge=1)
+
+    seed: int = 1234
+    rollout_seed: int = 42
+    mopd_advantage_clip: float | None = Field(default=None, gt=0)
+
+    use_wandb: bool = False
+    wandb_project: str | None = None
+    wandb_group: str | None = None
+
+    python: str = "python3"
+    """Interpreter of the training command on the cluster (the slime image's)."""
+    check_imports: bool = True
+    """Import hooks, generate functions and reward modules here before launching."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More slime/Megatron flags (model architecture, optimizer); MOPD-owned flags are refused."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> MopdRunConfig:
+        """Fields from the launcher's variables (``ENV_FIELDS``); ``overrides`` win."""
+        values: dict[str, Any] = {
+            field: environ[name] for name, field in ENV_FIELDS.items() if environ.get(name)
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)
+
+
+# Variable names of the seed's launch scripts -> fields.
+ENV_FIELDS: Mapping[str, str] = {
+    "DRESSAGE_MOPD_TEACHER_CONFIG": "mopd_config",
+    "OUTPUT_DIR": "output_dir",
+    "HF_CHECKPOINT": "hf_checkpoint",
+    "REF_LOAD": "ref_load",
+    "TP_SIZE": "tp_size",
+    "CP_SIZE": "cp_size",
+    "PP_SIZE": "pp_size",
+    "NUM_NODES": "actor_num_nodes",
+    "NUM_GPUS": "actor_num_gpus_per_node",
+    "ROLLOUT_BATCH_SIZE": "rollout_batch_size",
+    "N_SAMPLES_PER_PROMPT": "n_samples_per_prompt",
+    "GLOBAL_BATCH_SIZE": "global_batch_size",
+    "NUM_ROLLOUT": "num_rollout",
+    "MAX_TOKENS_PER_GPU": "max_tokens_per_gpu",
+    "SEED": "seed",
+    "ROLLOUT_SEED": "rollout_seed",
+    "USE_WANDB": "use_wandb",
+    "WANDB_PROJECT": "wandb_project",
+    "WANDB_GROUP": "wandb_group",
+}

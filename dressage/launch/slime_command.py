@@ -1,0 +1,331 @@
+"""One builder from a MOPD run config to slime's command line, used by every launcher.
+
+It validates first and fails closed, listing every problem: the MOPD config, the options against
+the objective (one sample per prompt, one step per rollout, no KL/entropy/PPO ratio/OPD), hook
+imports, the forwarded environment, and every checkpoint (architecture, tokenizer, vocabulary).
+Then it emits ``python -m dressage.training.mopd_train`` with every flag. Secrets (the config's
+``runtime_env_keys``, ``WANDB_API_KEY``) go into the Ray runtime environment, never into argv::
+
+    python -m dressage.launch.slime_command --mopd-config configs/mopd/embedded.json \\
+        --output-dir runs/demo --dry-run                  # print the command
+    python -m dressage.launch.slime_command ... --submit  # ray job submit (RAY_ADDRESS)
+    python -m dressage.launch.slime_command ... --exec    # run it here (inside a Ray job)
+
+scripts/run_mopd_qwen3.5_sync.sh wraps it. A Ray Jobs API caller (the MOPD DAG) uses the same
+builder: ``job = build_mopd_job(run)``, ``write_job_files(job)`` (the command reads the resolved
+config it writes), then ``submit_job(entrypoint=job.entrypoint, runtime_env=job.runtime_env,
+submission_id=job.submission_id)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from dressage.config.mopd import (
+    MOPD_HOOKS,
+    MopdConfig,
+    MopdConfigError,
+    Problem,
+    load_mopd_config,
+    validate_mopd_run,
+)
+from dressage.launch.mopd_run import MopdRunConfig
+from dressage.training.mopd_train import ROLLOUT_LOG_HOOK
+
+__all__ = ["MopdJob", "build_mopd_command", "build_mopd_job", "submit_argv", "write_job_files"]
+
+DRIVER_MODULE = "dressage.training.mopd_train"
+# Options a slime command may carry in extra_args that decide whether the run is MOPD; parsed
+# so that validate_mopd_run sees them (attribute names as slime's parser would set them).
+_CONTRADICTING: tuple[tuple[str, str, Any], ...] = (
+    ("--use-kl-loss", "use_kl_loss", "store_true"),
+    ("--kl-coef", "kl_coef", float),
+    ("--kl-loss-coef", "kl_loss_coef", float),
+    ("--entropy-coef", "entropy_coef", float),
+    ("--use-opd", "use_opd", "store_true"),
+    ("--num-steps-per-rollout", "num_steps_per_rollout", int),
+    ("--normalize-advantages", "normalize_advantages", "store_true"),
+    ("--advantage-estimator", "advantage_estimator", str),
+    ("--disable-compute-advantages-and-returns", "compute_advantages_and_returns", "store_false"),
+)
+_SECRET_WORDS = ("key", "token", "secret", "password")
+
+
+@dataclass(frozen=True)
+class MopdJob:
+    """A validated launch: the command, what it needs beside it, and its Ray job identity."""
+
+    argv: list[str]
+    submission_id: str
+    resolved_config: Path
+    """Where the resolved MOPD config (absolute paths, tiny models built) is written."""
+    config_json: str
+    runtime_env_file: Path
+    metrics_dir: Path
+    env: dict[str, str] = field(repr=False)
+    """Variables forwarded to every Ray worker; may hold secrets, so never printed."""
+
+    @property
+    def entrypoint(self) -> str:
+        return shlex.join(self.argv)
+
+    @property
+    def runtime_env(self) -> dict[str, Any]:
+        return {"env_vars": dict(self.env)}
+
+
+def build_mopd_command(
+    run: MopdRunConfig, *, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """The validated ``python -m dressage.training.mopd_train ...`` argv."""
+    return build_mopd_job(run, environ=environ).argv
+
+
+def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = None) -> MopdJob:
+    """Validate everything, then build the job; raise :class:`MopdConfigError` listing all."""
+    from dressage.training.checkpoints import validate_mopd_checkpoints
+
+    env = dict(os.environ if environ is None else environ)
+    out = Path(run.output_dir).expanduser().resolve()
+    config = load_mopd_config(run.mopd_config)  # raises with every config problem
+    problems: list[Problem] = []
+    try:
+        config = config.materialize()
+    except ValueError as exc:
+        problems.append(Problem("checkpoint spec", str(exc)))
+    student = config.student
+    hf = run.hf_checkpoint or (student.hf_checkpoint if student else None)
+    ref = run.ref_load or (student.ref_load if student else None)
+    step = run.ref_ckpt_step
+    if step is None and student is not None:
+        step = student.ckpt_step
+    base = _argv(run, config, out, hf or "", ref, step)
+    problems += _extra_arg_problems(run.extra_args, owned=_flags_in(base))
+    argv = base + list(run.extra_args)
+    report = validate_mopd_run(
+        config, _args_view(run, argv), check_imports=run.check_imports, environ=env
+    )
+    problems += report.problems
+    problems += validate_mopd_checkpoints(config, hf_checkpoint=hf, ref_load=ref, ckpt_step=step)
+    problems += _wandb_problems(run, env)
+    if problems:
+        raise MopdConfigError(problems, source=f"MOPD launch of {run.mopd_config}")
+    forwarded = {key: env[key] for key in config.runtime_env_keys}
+    if run.use_wandb:
+        forwarded.update({k: env[k] for k in ("WANDB_API_KEY", "WANDB_MODE") if env.get(k)})
+    forwarded["DRESSAGE_MOPD_TEACHER_CONFIG"] = str(out / "mopd_config.resolved.json")
+    config_json = config.model_dump_json(indent=2)
+    digest = hashlib.sha256(json.dumps([argv, sorted(forwarded)]).encode()).hexdigest()[:16]
+    return MopdJob(
+        argv=argv,
+        submission_id=f"mopd-{digest}",
+        resolved_config=out / "mopd_config.resolved.json",
+        config_json=config_json,
+        runtime_env_file=out / "runtime_env.json",
+        metrics_dir=out / "metrics",
+        env=forwarded,
+    )
+
+
+def _argv(
+    run: MopdRunConfig,
+    config: MopdConfig,
+    out: Path,
+    hf: str,
+    ref: str | None,
+    ref_step: int | None,
+) -> list[str]:
+    ckpt = str(out / "checkpoints")
+    n, rbs = run.n_samples_per_prompt, run.rollout_batch_size
+    argv = [run.python, "-m", DRIVER_MODULE]
+    argv += ["--mopd-config", str(out / "mopd_config.resolved.json")]
+    argv += ["--mopd-metrics-dir", str(out / "metrics")]
+    if run.mopd_advantage_clip is not None:
+        argv += ["--mopd-advantage-clip", str(run.mopd_advantage_clip)]
+    argv += ["--hf-checkpoint", hf]
+    if ref:
+        argv += ["--ref-load", ref]
+    if ref_step is not None:
+        argv += ["--ref-ckpt-step", str(ref_step)]
+    argv += ["--load", run.load or ckpt, "--save", run.save or ckpt]
+    argv += ["--save-interval", str(run.save_interval)]
+    argv += ["--tensor-model-parallel-size", str(run.tp_size)]
+    argv += ["--context-parallel-size", str(run.cp_size)]
+    argv += ["--pipeline-model-parallel-size", str(run.pp_size)]
+    argv += ["--actor-num-nodes", str(run.actor_num_nodes)]
+    argv += ["--actor-num-gpus-per-node", str(run.actor_num_gpus_per_node)]
+    if run.colocate:
+        argv += ["--colocate"]
+    elif run.rollout_num_gpus is not None:
+        argv += ["--rollout-num-gpus", str(run.rollout_num_gpus)]
+    argv += ["--rollout-num-gpus-per-engine", str(run.rollout_num_gpus_per_engine)]
+    argv += ["--num-rollout", str(run.num_rollout)]
+    argv += ["--rollout-batch-size", str(rbs), "--n-samples-per-prompt", str(n)]
+    argv += ["--global-batch-size", str(run.global_batch_size or rbs * n)]
+    argv += ["--rollout-max-response-len", str(run.rollout_max_response_len)]
+    argv += ["--rollout-temperature", str(run.rollout_temperature)]
+    if run.max_tokens_per_gpu is not None:
+        argv += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(run.max_tokens_per_gpu)]
+    argv += ["--seed", str(run.seed), "--rollout-seed", str(run.rollout_seed)]
+    argv += ["--loss-type", "custom_loss"]
+    hooks = dict(MOPD_HOOKS)
+    if all(ds.generate_function_path for ds in config.datasets):
+        hooks.pop("custom_generate_function_path")  # every dataset brings its own
+    for attr, path in hooks.items():
+        argv += ["--" + attr.replace("_", "-"), path]
+    argv += ["--custom-rollout-log-function-path", ROLLOUT_LOG_HOOK]
+    argv += ["--disable-rewards-normalization"]
+    if run.use_wandb:
+        argv += ["--use-wandb"]
+        argv += ["--wandb-project", run.wandb_project] if run.wandb_project else []
+        argv += ["--wandb-group", run.wandb_group] if run.wandb_group else []
+    return argv
+
+
+def _flags_in(argv: Sequence[str]) -> set[str]:
+    return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+
+
+def _extra_arg_problems(extra: Sequence[str], *, owned: set[str]) -> list[Problem]:
+    problems = []
+    for flag in sorted(_flags_in(extra)):
+        if flag in owned:
+            problems.append(
+                Problem(f"option {flag}", "set by the run config; change its field instead")
+            )
+        if any(word in flag.lower() for word in _SECRET_WORDS):
+            problems.append(
+                Problem(f"option {flag}", "credentials never go on the command line; export it")
+            )
+    return problems
+
+
+def _args_view(run: MopdRunConfig, argv: Sequence[str]) -> SimpleNamespace:
+    """What slime's parser would make of the options the checks care about."""
+    parser = argparse.ArgumentParser(add_help=False)
+    for flag, dest, kind in _CONTRADICTING:
+        if isinstance(kind, str):
+            parser.add_argument(flag, dest=dest, action=kind, default=None)
+        else:
+            parser.add_argument(flag, dest=dest, type=kind, default=None)
+    parsed, _ = parser.parse_known_args(list(run.extra_args))
+    # argv is our own: the last value of a repeated flag wins, as in argparse.
+    owned = dict(zip(argv, argv[1:], strict=False))
+    view = {k: v for k, v in vars(parsed).items() if v is not None}
+    view.update(
+        n_samples_per_prompt=run.n_samples_per_prompt,
+        rollout_batch_size=run.rollout_batch_size,
+        global_batch_size=int(owned["--global-batch-size"]),
+        loss_type=owned["--loss-type"],
+        rewards_normalization="--disable-rewards-normalization" not in argv,
+    )
+    for attr in MOPD_HOOKS:
+        flag = "--" + attr.replace("_", "-")
+        if flag in owned:
+            view[attr] = owned[flag]
+    return SimpleNamespace(**view)
+
+
+def _wandb_problems(run: MopdRunConfig, env: Mapping[str, str]) -> list[Problem]:
+    if not run.use_wandb:
+        return []
+    problems = []
+    if not run.wandb_project:
+        problems.append(Problem("option --wandb-project", "W&B is enabled without a project"))
+    if not env.get("WANDB_API_KEY") and env.get("WANDB_MODE") not in {"offline", "disabled"}:
+        problems.append(
+            Problem("env WANDB_API_KEY", "W&B is enabled but the key is not in the environment")
+        )
+    return problems
+
+
+def write_job_files(job: MopdJob) -> None:
+    """Write the resolved config and the runtime env (mode 0600: it may hold secrets)."""
+    job.resolved_config.parent.mkdir(parents=True, exist_ok=True)
+    job.metrics_dir.mkdir(parents=True, exist_ok=True)
+    job.resolved_config.write_text(job.config_json + "\n")
+    fd = os.open(job.runtime_env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(job.runtime_env, fh, indent=2, sort_keys=True)
+    os.chmod(job.runtime_env_file, 0o600)  # an existing file keeps its mode under O_CREAT
+
+
+def submit_argv(job: MopdJob, address: str) -> list[str]:
+    """``ray job submit`` for the job; the runtime env travels as a file, not as argv."""
+    return [
+        "ray",
+        "job",
+        "submit",
+        "--address",
+        address,
+        "--submission-id",
+        job.submission_id,
+        "--runtime-env",
+        str(job.runtime_env_file),
+        "--no-wait",
+        "--",
+        *job.argv,
+    ]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dressage.launch.slime_command",
+        description="Validate a MOPD run and print, exec or submit its slime command.",
+    )
+    for name, info in MopdRunConfig.model_fields.items():
+        if name == "extra_args":
+            continue
+        flag = "--" + name.replace("_", "-")
+        if info.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            parser.add_argument(flag, default=None)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_const", dest="mode", const="print")
+    mode.add_argument("--exec", action="store_const", dest="mode", const="exec")
+    mode.add_argument("--submit", action="store_const", dest="mode", const="submit")
+    parser.add_argument("--address", default=None, help="Ray dashboard (default $RAY_ADDRESS)")
+    parser.add_argument("extra_args", nargs=argparse.REMAINDER, help="-- more slime flags")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    fields = {k: v for k, v in vars(ns).items() if k in MopdRunConfig.model_fields}
+    fields.pop("extra_args", None)
+    extra = [a for a in ns.extra_args if a != "--"] if ns.extra_args else []
+    try:
+        run = MopdRunConfig.from_env(os.environ, **fields, extra_args=extra or None)
+        job = build_mopd_job(run)
+    except MopdConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except ValueError as exc:  # pydantic: a bad field value
+        print(f"invalid run settings: {exc}", file=sys.stderr)
+        return 2
+    names = ", ".join(sorted(job.env)) or "none"
+    print(f"# forwarded environment (values not shown): {names}", file=sys.stderr)
+    if (ns.mode or "print") == "print":
+        print(job.entrypoint)
+        return 0
+    write_job_files(job)
+    if ns.mode == "exec":
+        os.execvpe(job.argv[0], job.argv, {**os.environ, **job.env})
+    address = ns.address or os.environ.get("RAY_ADDRESS") or "http://127.0.0.1:8265"
+    return subprocess.call(submit_argv(job, address))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Advantages and returns as slime's ``compute_advantages_and_returns`` computes them, one rank.
+
+Order (reference/slime.md §4.2): per-token ``kl`` (``kl_coef != 0`` with reference log-probs,
+else zeros) is stored first; then the custom advantage hook (``fn(args, rollout_data)``) or the
+built-in estimator; then ``--use-opd`` KL shaping; then ``--normalize-advantages`` whitening.
+
+Estimators: ``grpo``/``gspo``/``cispo`` broadcast the post-processed scalar reward to every
+response token; ``reinforce_plus_plus_baseline`` does the same minus ``kl_coef * kl``;
+``reinforce_plus_plus`` puts the reward on the last trainable token, adds ``-kl_coef * kl`` per
+token and discounts with ``gamma``. ``ppo`` needs a critic, which the embedded trainer lacks.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import MutableMapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dressage.training.hooks import load_function
+from dressage.training.losses import approx_kl
+
+__all__ = ["compute_advantages_and_returns", "masked_whiten"]
+
+_BROADCAST = ("grpo", "gspo", "cispo")
+
+
+def masked_whiten(values: list[Tensor], masks: list[Tensor], eps: float = 1e-8) -> list[Tensor]:
+    """``(v - mean) / sqrt(var + eps)`` over all masked tokens of all samples."""
+    flat = torch.cat(values)
+    mask = torch.cat(masks).to(flat.dtype)
+    count = mask.sum().clamp_min(1.0)
+    mean = (flat * mask).sum() / count
+    var = ((flat - mean).square() * mask).sum() / count
+    scale = torch.rsqrt(var + eps)
+    return [(v - mean) * scale for v in values]
+
+
+def _rewards(rollout_data: MutableMapping[str, Any], n: int) -> list[float]:
+    rewards = rollout_data.get("rewards")
+    if rewards is None or len(rewards) != n:
+        raise KeyError("the built-in estimators need rollout_data['rewards'], one per sample")
+    return [float(r) for r in rewards]
+
+
+def _discounted(rewards: Tensor, gamma: float) -> Tensor:
+    out = torch.zeros_like(rewards)
+    running = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    for t in range(rewards.numel() - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def compute_advantages_and_returns(args: Namespace, rollout_data: MutableMapping[str, Any]) -> None:
+    """Set ``kl``, ``advantages`` and ``returns`` (lists of ``[R_i]`` float32 tensors)."""
+    key = "rollout_log_probs" if getattr(args, "use_rollout_logprobs", False) else "log_probs"
+    log_probs: list[Tensor] = rollout_data[key]
+    masks: list[Tensor] = rollout_data["loss_masks"]
+    kl_coef = float(getattr(args, "kl_coef", 0.0) or 0.0)
+    ref = rollout_data.get("ref_log_probs")
+    if kl_coef != 0.0 and ref is not None:
+        kind = getattr(args, "kl_loss_type", "k1")
+        kl = [approx_kl(lp, r, kind) for lp, r in zip(log_probs, ref, strict=True)]
+    else:
+        kl = [torch.zeros_like(lp) for lp in log_probs]
+    rollout_data["kl"] = kl
+
+    estimator = getattr(args, "advantage_estimator", "grpo")
+    custom = getattr(args, "custom_advantage_function_path", None)
+    if custom:
+        load_function(custom)(args, rollout_data)
+    elif estimator in _BROADCAST or estimator == "reinforce_plus_plus_baseline":
+        rewards = _rewards(rollout_data, len(log_probs))
+        adv = [torch.full_like(lp, r) for lp, r in zip(log_probs, rewards, strict=True)]
+        if estimator == "reinforce_plus_plus_baseline":
+            adv = [a - kl_coef * k for a, k in zip(adv, kl, strict=True)]
+        rollout_data["advantages"], rollout_data["returns"] = adv, [a.clone() for a in adv]
+    elif estimator == "reinforce_plus_plus":
+        if not getattr(args, "normalize_advantages", False):
+            raise ValueError("reinforce_plus_plus requires --normalize-advantages (as in slime)")
+        rewards = _rewards(rollout_data, len(log_probs))
+        returns = []
+        for lp, m, k, r in zip(log_probs, masks, kl, rewards, strict=True):
+            token_rewards = -kl_coef * k * m.to(k.dtype)
+            trainable = torch.nonzero(m).flatten()
+            last = int(trainable[-1]) if trainable.numel() else lp.numel() - 1
+            if lp.numel():
+                token_rewards[last] += r
+            returns.append(_discounted(token_rewards, float(getattr(args, "gamma", 1.0))))
+        rollout_data["advantages"], rollout_data["returns"] = returns, [x.clone() for x in returns]
+    elif estimator == "ppo":
+        raise NotImplementedError(
+            "advantage_estimator 'ppo' needs a critic; the embedded trainer has none"
+        )
+    else:
+        raise ValueError(
+            f"unknown advantage_estimator {estimator!r} and no --custom-advantage-function-path"
+        )
+    if "advantages" not in rollout_data or "returns" not in rollout_data:
+        raise KeyError(f"advantage hook {custom!r} did not set 'advantages' and 'returns'")
+
+    if getattr(args, "use_opd", False):
+        teacher = rollout_data.get("teacher_log_probs")
+        if teacher is None:
+            raise KeyError("--use-opd needs rollout_data['teacher_log_probs']")
+        coef = float(getattr(args, "opd_kl_coef", 1.0))
+        rollout_data["advantages"] = [
+            a - coef * (s - t)
+            for a, s, t in zip(rollout_data["advantages"], log_probs, teacher, strict=True)
+        ]
+    if getattr(args, "normalize_advantages", False):
+        rollout_data["advantages"] = masked_whiten(rollout_data["advantages"], masks)

@@ -1,0 +1,386 @@
+"""The embedded trainer: slime's actor semantics in one process, on a transformers causal LM.
+
+It consumes slime's ``train_data`` dict exactly as slime's actor does and drives the same hooks
+with the same ``args`` (slime's flag names, see ``embedded.args``)::
+
+    from dressage.training.embedded import EmbeddedTrainer, trainer_args
+    args = trainer_args(
+        hf_checkpoint="/ckpt/student", global_batch_size=8, lr=1e-5,
+        custom_advantage_function_path="dressage.training.mopd_loss.compute_mopd_advantages",
+        loss_type="custom_loss",
+        custom_loss_function_path="dressage.training.mopd_loss.mopd_policy_loss",
+    )
+    trainer = EmbeddedTrainer(args, teachers={"math": "/ckpt/math", "code": "/ckpt/code"})
+    metrics = trainer.train(rollout_id, train_data)   # one rollout's batch: 1+ optimizer steps
+    trainer.save_weights("/run/weights/v1")           # what /update_weights_from_disk loads
+
+Per ``train`` call, as slime's ``train_actor``: check the data (before any forward); keep the
+samples of whole steps (``global_batch_size`` rollouts each, trailing rollouts dropped); score
+log-probs without gradient (student, each sample's teacher via a :class:`TeacherBank`, the
+reference model when a KL needs it); advantages (custom hook or built-in estimator); then per
+step: per micro-batch packed logits ``[1, T, V]``, the loss hook with slime's reducer, backward
+of ``loss / G`` (``G`` = rollouts per step; ``/ tokens`` with ``--calculate-per-token-loss``), so
+the gradient is ``(1/G) sum over rollouts of each rollout's token-mean loss``; grad clip; AdamW.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import time
+from argparse import Namespace
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dressage.training.embedded.advantages import compute_advantages_and_returns
+from dressage.training.embedded.args import SLIME_TRAIN_DEFAULTS
+from dressage.training.embedded.data import check_train_data, select
+from dressage.training.embedded.schedule import Schedule, TrainStep, build_schedule
+from dressage.training.hooks import load_function
+from dressage.training.log_helpers import pop_rollout_metrics
+from dressage.training.log_probs import causal_lm_packed_logits, causal_lm_response_log_probs
+from dressage.training.losses import policy_loss, sft_loss
+from dressage.training.reducer import get_sum_of_sample_mean
+from dressage.training.teachers import TeacherBank, plan_micro_batches
+
+__all__ = ["EmbeddedTrainer", "resolve_device"]
+
+_TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "chat_template", "added")
+_OPD_TAG, _REF_TAG = "opd_teacher", "ref"
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU."""
+    if name in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _teacher_tag(teacher_id: str) -> str:
+    return f"teacher:{teacher_id}"
+
+
+def _loss_function(args: Namespace) -> Any:
+    loss_type = getattr(args, "loss_type", "policy_loss")
+    if loss_type == "policy_loss":
+        return policy_loss
+    if loss_type == "sft_loss":
+        return sft_loss
+    if loss_type == "custom_loss":
+        path = getattr(args, "custom_loss_function_path", None)
+        if not path:
+            raise ValueError("--loss-type custom_loss needs --custom-loss-function-path")
+        return load_function(path)
+    raise ValueError(
+        f"unknown loss_type {loss_type!r}; expected policy_loss, sft_loss, custom_loss"
+    )
+
+
+class EmbeddedTrainer:
+    """One process, one transformers causal LM, AdamW; see the module docstring.
+
+    Args:
+        args: slime-named options (``trainer_args``); missing ones get slime's defaults.
+        model_path: the student (Hugging Face folder); default ``args.hf_checkpoint``.
+        teachers: ``teacher_id -> checkpoint folder`` for MOPD; each sample's ``prompt`` entry
+            names its teacher.
+        dtype: parameter dtype (default float32; ``args.bf16`` adds bfloat16 autocast on CUDA).
+    """
+
+    def __init__(
+        self,
+        args: Namespace,
+        *,
+        model_path: str | Path | None = None,
+        teachers: Mapping[str, str | Path] | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        for name, default in SLIME_TRAIN_DEFAULTS.items():  # slime's args carry every flag
+            if not hasattr(args, name):
+                setattr(args, name, default)
+        self.args = args
+        path = model_path or getattr(args, "hf_checkpoint", None)
+        if path is None:
+            raise ValueError("no student model: pass model_path or set args.hf_checkpoint")
+        self.model_path = Path(path)
+        self.teachers = dict(teachers or {})
+        self._check_sources()
+        self.device = resolve_device(getattr(args, "device", "auto"))
+        torch.manual_seed(int(getattr(args, "seed", 1234)))
+        model: nn.Module = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype)
+        self.model = model.to(self.device).eval()  # no dropout: old == new log-probs at step 0
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=float(args.lr),
+            betas=(float(args.adam_beta1), float(args.adam_beta2)),
+            eps=float(args.adam_eps),
+            weight_decay=float(args.weight_decay),
+        )
+        self.loss_fn = _loss_function(args)
+        self.bank = self._build_bank()
+        self.num_steps = 0
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _opd_teacher(self) -> str | None:
+        args = self.args
+        if getattr(args, "use_opd", False) and getattr(args, "opd_type", None) == "megatron":
+            path = getattr(args, "opd_teacher_load", None)
+            if not path:
+                raise ValueError("--use-opd --opd-type megatron needs --opd-teacher-load")
+            return str(path)
+        return None
+
+    def _needs_ref(self) -> bool:
+        args = self.args
+        return bool(args.use_kl_loss) or float(args.kl_coef or 0.0) != 0.0
+
+    def _check_sources(self) -> None:
+        # Fail on every missing checkpoint before spending time on the student.
+        if not self.model_path.exists():
+            raise FileNotFoundError(f"student checkpoint {self.model_path} does not exist")
+        for tid, path in self.teachers.items():
+            if not Path(path).exists():
+                raise FileNotFoundError(f"teacher {tid!r}: checkpoint {path} does not exist")
+
+    def _build_bank(self) -> TeacherBank | None:
+        opd = self._opd_teacher()
+        if not (self.teachers or opd or self._needs_ref()):
+            return None
+        bank = TeacherBank(
+            self.model,
+            temperature=float(getattr(self.args, "rollout_temperature", 1.0) or 1.0),
+            chunk_tokens=max(int(getattr(self.args, "log_probs_chunk_size", -1) or -1), 0),
+        )
+        for tid, path in sorted(self.teachers.items()):
+            bank.add_teacher(_teacher_tag(tid), path)
+        if opd:
+            bank.add_teacher(_OPD_TAG, opd)
+        if self._needs_ref():
+            ref = getattr(self.args, "ref_load", None)
+            if ref:
+                bank.add_teacher(_REF_TAG, ref)
+            else:  # slime's default reference: the initial student
+                bank.backup(_REF_TAG)
+        return bank
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if getattr(self.args, "bf16", False) and self.device.type == "cuda":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+
+    # -- one rollout -----------------------------------------------------------------------------
+
+    def train(self, rollout_id: int, train_data: Mapping[str, Any]) -> dict[str, float]:
+        """Train on one rollout's ``train_data``; returns ``train/``, ``rollout/``, ``perf/``."""
+        start = time.perf_counter()
+        args = self.args
+        check_train_data(train_data, teachers=set(self.teachers) if self.teachers else None)
+        dynamic = getattr(args, "use_dynamic_batch_size", False)
+        schedule = build_schedule(
+            train_data["rollout_ids"],
+            [len(t) for t in train_data["tokens"]],
+            global_batch_size=args.global_batch_size,
+            micro_batch_size=getattr(args, "micro_batch_size", 1),
+            max_tokens_per_gpu=getattr(args, "max_tokens_per_gpu", None) if dynamic else None,
+        )
+        rollout_data = select(train_data, schedule.order, self.device)
+        self._log_probs(rollout_data)
+        scored = time.perf_counter()
+        compute_advantages_and_returns(args, rollout_data)
+        postprocess = getattr(args, "rollout_data_postprocess_path", None)
+        if postprocess:
+            load_function(postprocess)(args, rollout_id, rollout_data)
+        metrics = self._rollout_metrics(rollout_data, schedule)
+        per_step = [self._train_step(rollout_data, step) for step in schedule.steps]
+        for key in per_step[0]:
+            metrics[f"train/{key}"] = sum(m[key] for m in per_step) / len(per_step)
+        metrics["train/lr"] = float(args.lr)
+        metrics["train/num_steps"] = float(len(per_step))
+        metrics["perf/log_probs_time"] = scored - start
+        metrics["perf/train_time"] = time.perf_counter() - scored
+        return metrics
+
+    def _log_probs(self, rollout_data: dict[str, Any]) -> None:
+        tokens, resp = rollout_data["tokens"], rollout_data["response_lengths"]
+        n = len(tokens)
+        # One scoring pass over (sample, model) pairs: the student first, then each sample's
+        # teacher, then the reference; the bank orders them so each swap hides behind compute.
+        keys, tags = ["log_probs"], [self.bank.student_tag if self.bank else ""] * n
+        if self.teachers:
+            keys.append("teacher_log_probs")
+            tags += [_teacher_tag(t) for t in rollout_data["prompt"]]
+        elif self._opd_teacher():
+            keys.append("teacher_log_probs")
+            tags += [_OPD_TAG] * n
+        if self._needs_ref():
+            keys.append("ref_log_probs")
+            tags += [_REF_TAG] * n
+        max_tokens = int(getattr(self.args, "log_probs_max_tokens", 16384))
+        with torch.no_grad(), self._autocast():
+            if self.bank is None:
+                out = self._score_student(tokens, resp, max_tokens)
+            else:
+                k = len(keys)
+                out = self.bank.score(list(tokens) * k, list(resp) * k, tags, max_tokens=max_tokens)
+        for j, key in enumerate(keys):
+            rollout_data[key] = out[j * n : (j + 1) * n]
+
+    def _score_student(
+        self, tokens: list[Tensor], resp: list[int], max_tokens: int
+    ) -> list[Tensor]:
+        out: list[Tensor] = [torch.zeros(0)] * len(tokens)
+        chunk = max(int(getattr(self.args, "log_probs_chunk_size", -1) or -1), 0)
+        temperature = float(getattr(self.args, "rollout_temperature", 1.0) or 1.0)
+        for mb in plan_micro_batches([int(t.numel()) for t in tokens], max_tokens):
+            scored = causal_lm_response_log_probs(
+                self.model,
+                [tokens[i] for i in mb],
+                [resp[i] for i in mb],
+                temperature=temperature,
+                chunk_tokens=chunk,
+            )
+            for i, logp in zip(mb, scored, strict=True):
+                out[i] = logp
+        return out
+
+    def _rollout_metrics(
+        self, rollout_data: dict[str, Any], schedule: Schedule
+    ) -> dict[str, float]:
+        metrics = pop_rollout_metrics(rollout_data)
+        masks = rollout_data["loss_masks"]
+        for key in ("log_probs", "teacher_log_probs", "ref_log_probs", "advantages"):
+            values = rollout_data.get(key)
+            if values is not None:
+                num = sum(float((v.float() * m).sum()) for v, m in zip(values, masks, strict=True))
+                den = sum(float(m.sum()) for m in masks)
+                metrics[f"rollout/{key}"] = num / max(den, 1.0)
+        raw = [r for r in rollout_data.get("raw_reward") or [] if r is not None]
+        if raw:
+            metrics["rollout/raw_reward"] = sum(float(r) for r in raw) / len(raw)
+        metrics["rollout/num_samples"] = float(len(schedule.order))
+        metrics["rollout/dropped_samples"] = float(len(schedule.dropped))
+        return metrics
+
+    # -- one optimizer step ----------------------------------------------------------------------
+
+    def _batch(self, rollout_data: dict[str, Any], positions: list[int]) -> dict[str, Any]:
+        """slime's loss batch for one micro-batch (absent keys are None, as in slime)."""
+        unconcat = [rollout_data["tokens"][i] for i in positions]
+        batch: dict[str, Any] = {
+            "unconcat_tokens": unconcat,
+            "tokens": torch.cat(unconcat).unsqueeze(0).to(self.device),
+            "total_lengths": [rollout_data["total_lengths"][i] for i in positions],
+            "response_lengths": [rollout_data["response_lengths"][i] for i in positions],
+            "loss_masks": [rollout_data["loss_masks"][i] for i in positions],
+            "multimodal_train_inputs": None,
+            "packed_seq_params": None,
+            "values": None,
+        }
+        for key in (
+            "log_probs",
+            "ref_log_probs",
+            "advantages",
+            "returns",
+            "rollout_log_probs",
+            "teacher_log_probs",
+        ):
+            values = rollout_data.get(key)
+            batch[key] = None if values is None else [values[i] for i in positions]
+        sums = rollout_data.get("rollout_mask_sums")
+        batch["rollout_mask_sums"] = None if sums is None else sums[positions]
+        return batch
+
+    def _train_step(self, rollout_data: dict[str, Any], step: TrainStep) -> dict[str, float]:
+        args = self.args
+        per_token = bool(getattr(args, "calculate_per_token_loss", False))
+        if per_token:
+            tokens = sum(float(rollout_data["loss_masks"][i].sum()) for i in step.positions)
+            denom = max(tokens, 1.0)
+        else:
+            denom = float(step.num_rollouts)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, Tensor] = {}
+        for positions in step.micro_batches:
+            batch = self._batch(rollout_data, positions)
+            with self._autocast():
+                logits = causal_lm_packed_logits(self.model, batch["unconcat_tokens"])
+            reducer = get_sum_of_sample_mean(
+                batch["total_lengths"],
+                batch["response_lengths"],
+                batch["loss_masks"],
+                batch["rollout_mask_sums"],
+                per_token,
+            )
+            loss, metrics = self.loss_fn(args, batch, logits, reducer)
+            (loss / denom).backward()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + torch.as_tensor(value).detach().float() / denom
+            del logits, loss
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip = float(getattr(args, "clip_grad", 1.0) or 0.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+        if not torch.isfinite(grad_norm):
+            raise FloatingPointError(f"step {self.num_steps}: gradient norm is {float(grad_norm)}")
+        self.optimizer.step()
+        if self.bank is not None:
+            self.bank.mark_student_changed()
+        self.num_steps += 1
+        out = {key: float(value) for key, value in sums.items()}
+        out["grad_norm"] = float(grad_norm)
+        return out
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def save_weights(self, path: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+        """Write the student as a Hugging Face folder (config, safetensors, tokenizer files).
+
+        Written beside ``path`` and renamed into place, so a reader (the engine's
+        ``/update_weights_from_disk``) never sees half a checkpoint. ``dtype`` casts the saved
+        copy (e.g. ``torch.bfloat16`` for the engine); the live model is unchanged.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        state = None
+        if dtype is not None:
+            cast: dict[int, Tensor] = {}  # tied tensors stay one tensor
+            state = {
+                k: cast.setdefault(v.data_ptr(), v.detach().to(dtype))
+                for k, v in self.model.state_dict().items()
+            }
+        self.model.save_pretrained(str(staging), state_dict=state)  # type: ignore[operator]
+        if dtype is not None:
+            _set_config_dtype(staging, dtype)
+        for item in self.model_path.iterdir():
+            if item.is_file() and item.name.startswith(_TOKENIZER_FILES):
+                shutil.copy2(item, staging / item.name)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+        return target
+
+
+def _set_config_dtype(folder: Path, dtype: torch.dtype) -> None:
+    import json
+
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    name = str(dtype).removeprefix("torch.")
+    config["dtype"] = name
+    if "torch_dtype" in config:
+        config["torch_dtype"] = name
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,199 @@
+"""Multi-teacher on-policy distillation (MOPD): the advantage hook and the loss hook.
+
+Each sample is scored by the teacher its dataset names (``teacher_id``, carried in slime's
+``prompt`` slot). Per response token::
+
+    A_t = clip(log pi_teacher(y_t) - log pi_student_old(y_t), -c, c)      (no gradient)
+    L   = sum_of_sample_mean(-A_t * log pi_student(y_t))                 (token-mean per rollout)
+
+``c`` is ``--mopd-advantage-clip`` (default 5). There is no GRPO return, PPO ratio, value
+target, entropy bonus or KL term; the environment reward is logged per teacher and never read by
+the advantage or the loss. Wire it into slime (or the embedded trainer, same flags)::
+
+    --advantage-estimator grpo  # ignored: the custom advantage replaces the estimator
+    --custom-advantage-function-path dressage.training.mopd_loss.compute_mopd_advantages
+    --loss-type custom_loss
+    --custom-loss-function-path dressage.training.mopd_loss.mopd_policy_loss
+
+slime applies OPD KL shaping (``--use-opd`` with a non-zero ``--opd-kl-coef``) and
+``--normalize-advantages`` *after* a custom advantage hook; both would change A_t, so the hook
+refuses to run with them.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dressage.training.log_helpers import mopd_teacher_metrics
+from dressage.training.log_probs import log_prob_function
+from dressage.training.losses import approx_kl
+from dressage.training.reducer import Reducer
+
+__all__ = [
+    "DEFAULT_ADVANTAGE_CLIP",
+    "compute_mopd_advantages",
+    "mopd_advantages",
+    "mopd_policy_loss",
+]
+
+DEFAULT_ADVANTAGE_CLIP = 5.0
+
+
+def _clip(args: Namespace) -> float:
+    value = getattr(args, "mopd_advantage_clip", None)
+    clip = DEFAULT_ADVANTAGE_CLIP if value is None else float(value)
+    if not clip > 0:
+        raise ValueError(f"--mopd-advantage-clip must be > 0, got {clip}")
+    return clip
+
+
+def mopd_advantages(teacher_log_probs: Tensor, student_log_probs: Tensor, clip: float) -> Tensor:
+    """``clip(teacher - student, -clip, clip)``, detached, float32, same shape as the inputs."""
+    if teacher_log_probs.shape != student_log_probs.shape:
+        raise ValueError(
+            f"teacher log-probs {tuple(teacher_log_probs.shape)} and student log-probs "
+            f"{tuple(student_log_probs.shape)} disagree"
+        )
+    diff = teacher_log_probs.detach().float() - student_log_probs.detach().float().to(
+        teacher_log_probs.device
+    )
+    return diff.clamp(-clip, clip)
+
+
+def _student_key(args: Namespace) -> str:
+    return "rollout_log_probs" if getattr(args, "use_rollout_logprobs", False) else "log_probs"
+
+
+def _per_sample(rollout_data: Mapping[str, Any], key: str, n: int | None = None) -> list[Tensor]:
+    values = rollout_data.get(key)
+    if values is None:
+        raise KeyError(f"MOPD needs rollout_data[{key!r}] (per-sample response-token tensors)")
+    out = [torch.as_tensor(v) for v in values]
+    if n is not None and len(out) != n:
+        raise ValueError(f"rollout_data[{key!r}] has {len(out)} samples, expected {n}")
+    return out
+
+
+def _local_raw_rewards(rollout_data: Mapping[str, Any], n: int) -> list[float | None] | None:
+    # slime ships raw_reward whole (all ranks) and the rank's positions under `partition`.
+    raw = rollout_data.get("local_raw_reward", rollout_data.get("raw_reward"))
+    if raw is None:
+        return None
+    raw = list(raw)
+    if len(raw) != n:
+        partition = rollout_data.get("partition")
+        if partition is None or len(partition) != n:
+            return None
+        raw = [raw[int(i)] for i in partition]
+    return [None if r is None else float(r) for r in raw]
+
+
+def _check_args(args: Namespace) -> None:
+    if getattr(args, "use_opd", False) and float(getattr(args, "opd_kl_coef", 1.0) or 0.0) != 0.0:
+        raise ValueError(
+            "MOPD sets the advantage itself; slime's --use-opd KL shaping would be applied on "
+            "top of it. Drop --use-opd or set --opd-kl-coef 0."
+        )
+    if getattr(args, "normalize_advantages", False):
+        raise ValueError(
+            "MOPD advantages are log-prob gaps; --normalize-advantages would rescale them"
+        )
+
+
+def compute_mopd_advantages(args: Namespace, rollout_data: MutableMapping[str, Any]) -> None:
+    """slime's ``--custom-advantage-function-path`` hook: set ``advantages`` and ``returns``.
+
+    Reads (DP-local, lists of ``[R_i]`` tensors): ``teacher_log_probs``, ``log_probs`` (or
+    ``rollout_log_probs`` with ``--use-rollout-logprobs``), ``loss_masks``; for metrics also
+    ``prompt`` (teacher ids), ``rollout_ids``, ``rollout_mask_sums``, ``raw_reward``.
+    Writes ``advantages`` and ``returns`` (equal, detached float32) and the per-teacher metrics
+    as 0-d tensors under ``mopd/...`` keys (see ``dressage.training.log_helpers``).
+    """
+    _check_args(args)
+    clip = _clip(args)
+    student = _per_sample(rollout_data, _student_key(args))
+    teacher = _per_sample(rollout_data, "teacher_log_probs", len(student))
+    advantages = []
+    for i, (t, s) in enumerate(zip(teacher, student, strict=True)):
+        try:
+            advantages.append(mopd_advantages(t, s, clip))
+        except ValueError as exc:
+            raise ValueError(f"sample {i}: {exc}") from exc
+    rollout_data["advantages"] = advantages
+    rollout_data["returns"] = [a.clone() for a in advantages]
+
+    teacher_ids = rollout_data.get("prompt")
+    if teacher_ids is None or rollout_data.get("loss_masks") is None:
+        return
+    n = len(student)
+    masks = _per_sample(rollout_data, "loss_masks", n)
+    denoms = rollout_data.get("rollout_mask_sums")
+    if denoms is None:
+        denoms = [float(m.sum()) for m in masks]
+    rollout_ids = rollout_data.get("rollout_ids") or list(range(n))
+    metrics = mopd_teacher_metrics(
+        teacher_ids=[str(t) for t in teacher_ids],
+        rollout_ids=[int(r) for r in rollout_ids],
+        loss_masks=masks,
+        sample_denoms=torch.as_tensor(denoms, dtype=torch.float32).cpu(),
+        reverse_kl=[
+            (s.float() - t.float().to(s.device)).detach()
+            for s, t in zip(student, teacher, strict=True)
+        ],
+        raw_rewards=_local_raw_rewards(rollout_data, n),
+    )
+    for key, value in metrics.items():
+        rollout_data[key] = torch.tensor(value, dtype=torch.float32)
+
+
+def _cat(values: Sequence[Tensor] | Tensor | None, key: str, device: torch.device) -> Tensor:
+    if values is None:
+        raise KeyError(f"mopd_policy_loss: the loss batch has no {key!r}")
+    if isinstance(values, Tensor):
+        return values.reshape(-1).to(device)
+    return torch.cat([torch.as_tensor(v).reshape(-1) for v in values]).to(device)
+
+
+def mopd_policy_loss(
+    args: Namespace, batch: Mapping[str, Any], logits: Tensor, sum_of_sample_mean: Reducer
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """slime's ``--custom-loss-function-path`` hook: ``-A_t * log pi_student`` reduced.
+
+    Args:
+        batch: ``advantages`` (from :func:`compute_mopd_advantages`), ``total_lengths``,
+            ``response_lengths``, tokens; for metrics ``teacher_log_probs`` and ``log_probs``.
+        logits: packed ``[1, T, V]`` (see ``dressage.training.log_probs``).
+
+    Returns:
+        ``(loss, metrics)``; metrics ``mopd_loss``, ``mopd_reverse_kl`` (sampled-token
+        ``log pi_student - log pi_teacher``), ``mopd_advantage_mean``, ``mopd_advantage_abs_mean``,
+        ``mopd_advantage_clipfrac`` and ``mopd_update_kl`` (k3 KL of the current student from the
+        one that generated the advantages), each reduced like the loss.
+    """
+    log_probs = torch.cat(log_prob_function(args)(args, batch, logits, with_entropy=False)[0])
+    device = log_probs.device
+    advantages = _cat(batch.get("advantages"), "advantages", device).float().detach()
+    loss = sum_of_sample_mean(-advantages * log_probs)
+    current = log_probs.detach()
+    metrics = {
+        "mopd_loss": loss.detach(),
+        "mopd_advantage_mean": sum_of_sample_mean(advantages),
+        "mopd_advantage_abs_mean": sum_of_sample_mean(advantages.abs()),
+    }
+    teacher = batch.get("teacher_log_probs")
+    if teacher is not None:
+        teacher_flat = _cat(teacher, "teacher_log_probs", device).float()
+        metrics["mopd_reverse_kl"] = sum_of_sample_mean(current - teacher_flat)
+    old = batch.get(_student_key(args))
+    if old is not None:
+        old_flat = _cat(old, _student_key(args), device).float()
+        metrics["mopd_update_kl"] = sum_of_sample_mean(approx_kl(current, old_flat, "k3"))
+        if teacher is not None:
+            gap = (teacher_flat - old_flat).abs()
+            metrics["mopd_advantage_clipfrac"] = sum_of_sample_mean((gap > _clip(args)).float())
+    return loss, metrics

@@ -1,0 +1,350 @@
+"""The MOPD command builder, its CLI and the shell launcher that wraps it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dressage.assets import tiny_model_dir
+from dressage.config.mopd import MOPD_HOOKS, MopdConfigError, load_mopd_config
+from dressage.launch.mopd_run import MopdRunConfig
+from dressage.launch.slime_command import (
+    build_mopd_command,
+    build_mopd_job,
+    main,
+    submit_argv,
+    write_job_files,
+)
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.unit
+
+EMBEDDED = str(REPO / "configs/mopd/embedded.json")
+LAUNCHER = REPO / "scripts/run_mopd_qwen3.5_sync.sh"
+
+
+def _run(tmp_path: Path, **changes: Any) -> MopdRunConfig:
+    values: dict[str, Any] = {
+        "mopd_config": EMBEDDED,
+        "output_dir": str(tmp_path / "run"),
+        "check_imports": False,
+    }
+    values.update(changes)
+    return MopdRunConfig.model_validate(values)
+
+
+def _value(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, flag
+    return argv[argv.index(flag) + 1]
+
+
+def _problems(tmp_path: Path, environ: dict[str, str] | None = None, **changes: Any) -> str:
+    with pytest.raises(MopdConfigError) as info:
+        build_mopd_job(_run(tmp_path, **changes), environ=environ or {})
+    return str(info.value)
+
+
+def test_the_command_carries_every_mopd_flag(tmp_path: Path) -> None:
+    run = _run(
+        tmp_path, tp_size=4, cp_size=2, rollout_batch_size=16, seed=7, rollout_seed=9, num_rollout=3
+    )
+    argv = build_mopd_command(run, environ={})
+    assert argv[:3] == ["python3", "-m", "dressage.training.mopd_train"]
+    out = tmp_path / "run"
+    expected = {
+        "--mopd-config": str(out / "mopd_config.resolved.json"),
+        "--mopd-metrics-dir": str(out / "metrics"),
+        "--hf-checkpoint": str(tiny_model_dir()),
+        "--tensor-model-parallel-size": "4",
+        "--context-parallel-size": "2",
+        "--rollout-batch-size": "16",
+        "--n-samples-per-prompt": "1",
+        "--global-batch-size": "16",
+        "--num-rollout": "3",
+        "--seed": "7",
+        "--rollout-seed": "9",
+        "--loss-type": "custom_loss",
+        "--custom-rollout-log-function-path": "dressage.training.metrics.log_rollout_metrics",
+        "--save": str(out / "checkpoints"),
+    }
+    for flag, value in expected.items():
+        assert _value(argv, flag) == value
+    for attr, path in MOPD_HOOKS.items():
+        assert _value(argv, "--" + attr.replace("_", "-")) == path
+    assert "--disable-rewards-normalization" in argv and "--colocate" in argv
+    assert not [a for a in argv if "wandb" in a]
+    assert "--ref-load" not in argv  # the embedded student is an HF folder only
+
+
+def test_wandb_flags_only_when_enabled_and_the_key_stays_off_argv(tmp_path: Path) -> None:
+    env = {"WANDB_API_KEY": "wb-secret-123"}
+    run = _run(tmp_path, use_wandb=True, wandb_project="proj", wandb_group="grp")
+    job = build_mopd_job(run, environ=env)
+    start = job.argv.index("--use-wandb")
+    assert job.argv[start : start + 5] == [
+        "--use-wandb",
+        "--wandb-project",
+        "proj",
+        "--wandb-group",
+        "grp",
+    ]
+    assert len([a for a in job.argv if a.startswith("--wandb")]) == 2
+    assert "wb-secret-123" not in job.entrypoint and "wb-secret-123" not in repr(job)
+    assert job.runtime_env["env_vars"]["WANDB_API_KEY"] == "wb-secret-123"
+    assert "WANDB_API_KEY" in _problems(tmp_path, use_wandb=True, wandb_project="p")
+
+
+def test_job_identity_and_files(tmp_path: Path) -> None:
+    job = build_mopd_job(_run(tmp_path), environ={})
+    assert job.submission_id == build_mopd_job(_run(tmp_path), environ={}).submission_id
+    assert job.submission_id != build_mopd_job(_run(tmp_path, seed=5), environ={}).submission_id
+    assert job.entrypoint == shlex.join(job.argv)
+    write_job_files(job)
+    mode = stat.S_IMODE(os.stat(job.runtime_env_file).st_mode)
+    assert mode == 0o600
+    assert json.loads(job.runtime_env_file.read_text()) == {
+        "env_vars": {"DRESSAGE_MOPD_TEACHER_CONFIG": str(job.resolved_config)}
+    }
+    resolved = load_mopd_config(job.resolved_config)
+    assert resolved.teachers["calculator"].load == str(tiny_model_dir_for_seed(1))
+    assert job.metrics_dir.is_dir()
+    submit = submit_argv(job, "http://head:8265")
+    assert submit[:3] == ["ray", "job", "submit"]
+    assert submit[submit.index("--runtime-env") + 1] == str(job.runtime_env_file)
+    assert submit[submit.index("--") + 1 :] == job.argv
+
+
+def tiny_model_dir_for_seed(seed: int) -> Path:
+    from dressage.assets import TinyModelSpec
+
+    return tiny_model_dir(TinyModelSpec(seed=seed))
+
+
+# -- fail closed ------------------------------------------------------------------------------
+
+
+def test_more_than_one_sample_per_prompt_is_refused(tmp_path: Path) -> None:
+    message = _problems(tmp_path, n_samples_per_prompt=8)
+    assert "option --n-samples-per-prompt: MOPD takes one sample per prompt" in message
+
+
+def test_more_than_one_step_per_rollout_is_refused(tmp_path: Path) -> None:
+    message = _problems(tmp_path, rollout_batch_size=32, global_batch_size=8)
+    assert "option --global-batch-size: 8 != rollout_batch_size" in message
+
+
+def test_missing_checkpoints_are_named(tmp_path: Path) -> None:
+    message = _problems(tmp_path, hf_checkpoint=str(tmp_path / "student"))
+    assert f"student hf_checkpoint: {tmp_path / 'student'} does not exist" in message
+    config = json.loads(Path(EMBEDDED).read_text())
+    config["teachers"]["lookup"]["load"] = str(tmp_path / "gone")
+    for ds in config["datasets"]:
+        ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+    (tmp_path / "mopd.json").write_text(json.dumps(config))
+    message = _problems(tmp_path, mopd_config=str(tmp_path / "mopd.json"))
+    assert f"teacher 'lookup': {tmp_path / 'gone'} does not exist" in message
+
+
+def test_mismatched_teacher_vocabulary_is_named(tmp_path: Path) -> None:
+    config = json.loads(Path(EMBEDDED).read_text())
+    config["teachers"]["lookup"]["load"] = "tiny:vocab=qwen3"
+    for ds in config["datasets"]:
+        ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+    (tmp_path / "mopd.json").write_text(json.dumps(config))
+    message = _problems(tmp_path, mopd_config=str(tmp_path / "mopd.json"))
+    assert "teacher 'lookup': tokenizer differs from the student's" in message
+
+
+def test_extra_args_may_not_override_or_contradict_or_carry_secrets(tmp_path: Path) -> None:
+    extra = ["--n-samples-per-prompt", "1", "--use-kl-loss", "--entropy-coef", "0.01"]
+    extra += ["--wandb-key", "abc", "--lr", "1e-6"]
+    message = _problems(tmp_path, extra_args=extra)
+    assert "option --n-samples-per-prompt: set by the run config" in message
+    assert "option --use-kl-loss:" in message
+    assert "option --entropy-coef:" in message
+    assert "option --wandb-key: credentials never go on the command line" in message
+    assert "--lr" not in message
+
+
+def test_runtime_env_keys_are_forwarded_not_printed(tmp_path: Path) -> None:
+    config = json.loads(Path(EMBEDDED).read_text())
+    config["runtime_env_keys"] = ["SEARCH_API_KEY"]
+    for ds in config["datasets"]:
+        ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+    (tmp_path / "mopd.json").write_text(json.dumps(config))
+    run = _run(tmp_path, mopd_config=str(tmp_path / "mopd.json"))
+    assert "runtime_env_keys 'SEARCH_API_KEY'" in _problems(
+        tmp_path, mopd_config=str(tmp_path / "mopd.json")
+    )
+    job = build_mopd_job(run, environ={"SEARCH_API_KEY": "s3cr3t"})
+    assert job.env["SEARCH_API_KEY"] == "s3cr3t" and "s3cr3t" not in job.entrypoint
+
+
+# -- run settings from the environment, the CLI and the shell launcher ------------------------
+
+
+def test_run_config_from_launcher_variables(tmp_path: Path) -> None:
+    env = {
+        "DRESSAGE_MOPD_TEACHER_CONFIG": EMBEDDED,
+        "OUTPUT_DIR": str(tmp_path),
+        "TP_SIZE": "8",
+        "CP_SIZE": "2",
+        "ROLLOUT_BATCH_SIZE": "64",
+        "N_SAMPLES_PER_PROMPT": "1",
+        "GLOBAL_BATCH_SIZE": "64",
+        "USE_WANDB": "1",
+        "WANDB_PROJECT": "p",
+        "SEED": "3",
+        "ROLLOUT_SEED": "4",
+    }
+    run = MopdRunConfig.from_env(env, tp_size=2)
+    assert (run.tp_size, run.cp_size, run.rollout_batch_size, run.global_batch_size) == (
+        2,
+        2,
+        64,
+        64,
+    )
+    assert (run.use_wandb, run.wandb_project, run.seed, run.rollout_seed) == (True, "p", 3, 4)
+
+
+def test_cli_dry_run_prints_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG", raising=False)
+    argv = ["--mopd-config", EMBEDDED, "--output-dir", str(tmp_path), "--no-check-imports"]
+    assert main([*argv, "--seed", "11", "--dry-run", "--", "--lr", "2e-6"]) == 0
+    printed = shlex.split(capsys.readouterr().out)
+    assert _value(printed, "--seed") == "11" and printed[-2:] == ["--lr", "2e-6"]
+    assert not (tmp_path / "runtime_env.json").exists()  # a dry run writes nothing
+    assert main([*argv, "--n-samples-per-prompt", "2"]) == 2
+    assert "--n-samples-per-prompt" in capsys.readouterr().err
+
+
+def _launcher(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "HF_HUB_OFFLINE": "1",
+        "DRY_RUN": "1",
+        "CHECK_IMPORTS": "0",
+        "DRESSAGE_MOPD_TEACHER_CONFIG": EMBEDDED,
+        "OUTPUT_DIR": str(tmp_path / "run"),
+    }
+    if "DRESSAGE_CACHE_DIR" in os.environ:
+        base["DRESSAGE_CACHE_DIR"] = os.environ["DRESSAGE_CACHE_DIR"]
+    return subprocess.run(
+        ["bash", str(LAUNCHER), "--", "--lr", "1e-6"],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+
+
+def test_shell_launcher_dry_run_uses_the_builder(tmp_path: Path) -> None:
+    result = _launcher(
+        tmp_path,
+        TP_SIZE="4",
+        CP_SIZE="2",
+        ROLLOUT_BATCH_SIZE="8",
+        SEED="21",
+        ROLLOUT_SEED="22",
+        USE_WANDB="1",
+        WANDB_PROJECT="proj",
+        WANDB_GROUP="grp",
+        WANDB_API_KEY="wb-secret-xyz",
+        MODEL_ARGS="--num-layers 2 --hidden-size 64",
+    )
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    assert argv[:3] == ["python3", "-m", "dressage.training.mopd_train"]
+    for flag, value in {
+        "--tensor-model-parallel-size": "4",
+        "--context-parallel-size": "2",
+        "--rollout-batch-size": "8",
+        "--global-batch-size": "8",
+        "--n-samples-per-prompt": "1",
+        "--seed": "21",
+        "--rollout-seed": "22",
+        "--wandb-project": "proj",
+        "--wandb-group": "grp",
+    }.items():
+        assert _value(argv, flag) == value
+    assert argv[-6:] == ["--num-layers", "2", "--hidden-size", "64", "--lr", "1e-6"]
+    assert "wb-secret-xyz" not in result.stdout + result.stderr
+    assert "WANDB_API_KEY" in result.stderr  # named as forwarded, value hidden
+
+
+def test_shell_launcher_refuses_several_samples_per_prompt(tmp_path: Path) -> None:
+    result = _launcher(tmp_path, N_SAMPLES_PER_PROMPT="4")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "option --n-samples-per-prompt: MOPD takes one sample per prompt" in result.stderr
+
+
+def _recorder(tmp_path: Path, name: str) -> Path:
+    """An executable that writes its argv and two variables to <name>.out."""
+    script = tmp_path / "bin" / name
+    script.parent.mkdir(exist_ok=True)
+    out = tmp_path / f"{name}.out"
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f'printf "%s\\n" "$@" > {out}\n'
+        f'echo "CONFIG=$DRESSAGE_MOPD_TEACHER_CONFIG SECRET=${{SEARCH_API_KEY:-}}" >> {out}\n'
+    )
+    script.chmod(0o755)
+    return out
+
+
+def test_cli_submit_hands_ray_a_runtime_env_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _recorder(tmp_path, "ray")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("WANDB_API_KEY", "wb-secret-777")
+    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG", raising=False)
+    run_dir = tmp_path / "run"
+    argv = ["--mopd-config", EMBEDDED, "--output-dir", str(run_dir), "--no-check-imports"]
+    argv += ["--use-wandb", "--wandb-project", "p", "--submit", "--address", "http://head:8265"]
+    assert main(argv) == 0
+    recorded = out.read_text().splitlines()
+    assert recorded[:4] == ["job", "submit", "--address", "http://head:8265"]
+    assert recorded[recorded.index("--runtime-env") + 1] == str(run_dir / "runtime_env.json")
+    assert "wb-secret-777" not in out.read_text()
+    env_vars = json.loads((run_dir / "runtime_env.json").read_text())["env_vars"]
+    assert env_vars["WANDB_API_KEY"] == "wb-secret-777"
+    assert load_mopd_config(run_dir / "mopd_config.resolved.json").teachers.keys() == {
+        "calculator",
+        "lookup",
+    }
+
+
+def test_cli_exec_runs_the_command_with_the_forwarded_environment(tmp_path: Path) -> None:
+    out = _recorder(tmp_path, "fakepython")
+    config = json.loads(Path(EMBEDDED).read_text())
+    config["runtime_env_keys"] = ["SEARCH_API_KEY"]
+    for ds in config["datasets"]:
+        ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+    (tmp_path / "mopd.json").write_text(json.dumps(config))
+    cmd = ["-m", "dressage.launch.slime_command", "--mopd-config", str(tmp_path / "mopd.json")]
+    cmd += ["--output-dir", str(tmp_path / "run"), "--no-check-imports", "--exec"]
+    cmd += ["--python", str(tmp_path / "bin" / "fakepython")]
+    env = {k: v for k, v in os.environ.items() if k != "DRESSAGE_MOPD_TEACHER_CONFIG"}
+    env["SEARCH_API_KEY"] = "s-42"
+    result = subprocess.run(
+        [sys.executable, *cmd], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    recorded = out.read_text().splitlines()
+    assert recorded[:2] == ["-m", "dressage.training.mopd_train"]
+    resolved = tmp_path / "run" / "mopd_config.resolved.json"
+    assert recorded[-1] == f"CONFIG={resolved} SECRET=s-42"
+    assert "s-42" not in " ".join(recorded[:-1])
