@@ -1,0 +1,83 @@
+"""``dressage engine serve``: run the embedded SGLang-compatible engine.
+
+    dressage engine serve --model PATH [--tokenizer PATH] [--host 127.0.0.1] [--port 30000]
+        [--device auto|cpu|cuda] [--weight-version default] [--api-key KEY]
+
+``--port 0`` picks a free port. Once the engine accepts requests it prints one line,
+``DRESSAGE_ENGINE_URL=http://HOST:PORT``, which :func:`dressage.engine.testing.serve_engine`
+(subprocess mode) and scripts can wait for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import socket
+import sys
+from collections.abc import Sequence
+
+from dressage.engine.config import EngineConfig
+
+READY_PREFIX = "DRESSAGE_ENGINE_URL="
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dressage engine serve", description=__doc__.split("\n")[0])
+    p.add_argument("--model", "--model-path", dest="model_path", required=True)
+    p.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer_path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--api-key")
+    p.add_argument("--admin-api-key")
+    p.add_argument("--served-model-name")
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--max-total-tokens", type=int, help="KV budget in token positions")
+    p.add_argument("--max-prefill-tokens", type=int)
+    p.add_argument(
+        "--num-threads", type=int, help="CPU threads for the lm_head pass (default: all cores)"
+    )
+    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def config_from_args(argv: Sequence[str]) -> tuple[EngineConfig, str]:
+    args = vars(_parser().parse_args(list(argv)))
+    log_level = args.pop("log_level")
+    return EngineConfig(**args), log_level
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    """Entry point of ``dressage engine serve`` (see the module docstring)."""
+    import uvicorn
+
+    from dressage.engine.server import create_app
+
+    config, log_level = config_from_args(argv)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    port = sock.getsockname()[1]
+    host = f"[{config.host}]" if ":" in config.host else config.host
+
+    def ready() -> None:
+        print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
+
+    app = create_app(config, on_ready=ready)
+    # The model, tokenizer and app live as long as the process: keep them out of the cyclic
+    # GC's full collections, which would otherwise stall a decode step (and a pause).
+    gc.collect()
+    gc.freeze()
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve_main(sys.argv[1:]))

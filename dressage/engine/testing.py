@@ -1,0 +1,144 @@
+"""Start a real embedded engine for a test or a script, and stop it afterwards.
+
+    from dressage.assets import tiny_model_dir
+    from dressage.engine.testing import serve_engine
+
+    with serve_engine(tiny_model_dir()) as url:        # e.g. "http://127.0.0.1:41237"
+        httpx.post(f"{url}/generate", json={"input_ids": [1, 2, 3]})
+
+The server listens on 127.0.0.1 on a free port. By default it runs in this process (uvicorn on a
+background thread: starts in a few seconds, no second copy of torch); ``subprocess=True`` runs
+``dressage engine serve`` in a child process instead (isolation, e.g. for crash tests or when the
+caller itself must stay responsive). Keyword options are :class:`EngineConfig` fields; tests
+usually pass ``device="cpu", num_threads=1``. In-process, a CPU engine sets torch's intra-op
+threads to 1 while it runs (its own lm_head workers use the cores) and restores them on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess as sp
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dressage.engine.cli import READY_PREFIX
+from dressage.engine.config import EngineConfig
+
+__all__ = ["serve_engine"]
+
+
+@contextmanager
+def serve_engine(
+    model_path: str | Path,
+    *,
+    subprocess: bool = False,
+    startup_timeout: float = 180.0,
+    **options: Any,
+) -> Iterator[str]:
+    """Serve ``model_path`` until the block ends; yields the base URL (no trailing slash)."""
+    config = EngineConfig(model_path=str(model_path), host="127.0.0.1", port=0, **options)
+    if subprocess:
+        with _serve_subprocess(config, startup_timeout) as url:
+            yield url
+    else:
+        with _serve_thread(config, startup_timeout) as url:
+            yield url
+
+
+@contextmanager
+def _serve_thread(config: EngineConfig, startup_timeout: float) -> Iterator[str]:
+    import uvicorn
+
+    from dressage.engine.server import create_app
+
+    app = create_app(config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="dressage-engine-http", daemon=True
+    )
+    thread.start()
+    try:
+        _wait_healthy(url, startup_timeout, alive=thread.is_alive)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@contextmanager
+def _serve_subprocess(config: EngineConfig, startup_timeout: float) -> Iterator[str]:
+    argv = [sys.executable, "-m", "dressage.cli", "engine", "serve", "--model", config.model_path]
+    argv += ["--host", "127.0.0.1", "--port", "0", "--device", config.device]
+    for flag, value in (
+        ("--tokenizer", config.tokenizer_path),
+        ("--dtype", config.dtype),
+        ("--weight-version", config.weight_version),
+        ("--api-key", config.api_key),
+        ("--admin-api-key", config.admin_api_key),
+        ("--context-length", config.context_length),
+        ("--max-running-requests", config.max_running_requests),
+        ("--max-total-tokens", config.max_total_tokens),
+        ("--max-prefill-tokens", config.max_prefill_tokens),
+        ("--num-threads", config.num_threads),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    proc = sp.Popen(argv, stdout=sp.PIPE, text=True, env=os.environ.copy())
+    try:
+        url = _read_url(proc, startup_timeout)
+        _wait_healthy(url, startup_timeout, alive=lambda: proc.poll() is None)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except sp.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _read_url(proc: sp.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    found: list[str] = []
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(READY_PREFIX) and not found:
+                found.append(line[len(READY_PREFIX) :].strip())
+
+    threading.Thread(target=reader, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not found:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the engine exited with code {proc.returncode} before serving")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the engine did not start within {timeout} s")
+        time.sleep(0.05)
+    return found[0]
+
+
+def _wait_healthy(url: str, timeout: float, *, alive: Any) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"the engine at {url} stopped during startup")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"the engine at {url} was not healthy within {timeout} s")

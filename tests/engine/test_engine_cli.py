@@ -1,0 +1,55 @@
+"""``dressage engine serve`` as a real child process (what scripts and the e2e demo start)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dressage.engine.cli import config_from_args
+
+
+@pytest.mark.unit
+def test_flags_map_to_the_config() -> None:
+    config, level = config_from_args(
+        [
+            "--model",
+            "/m",
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--weight-version",
+            "w7",
+            "--api-key",
+            "k",
+        ]
+    )
+    assert (config.model_path, config.port, config.device, config.weight_version) == (
+        "/m",
+        0,
+        "cpu",
+        "w7",
+    )
+    assert config.host == "127.0.0.1" and config.api_key == "k" and level == "warning"
+    with pytest.raises(ValueError, match="device must be"):
+        config_from_args(["--model", "/m", "--device", "tpu"])
+
+
+@pytest.mark.integration
+def test_serve_in_a_subprocess(tiny_model_path: Path) -> None:
+    from dressage.engine.testing import serve_engine
+
+    with serve_engine(
+        tiny_model_path, subprocess=True, device="cpu", num_threads=1, weight_version="cli"
+    ) as url:
+        assert url.startswith("http://127.0.0.1:")
+        r = httpx.post(
+            f"{url}/generate",
+            json={"text": "hi", "sampling_params": {"max_new_tokens": 3}},
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == "cli"
+        info = httpx.get(f"{url}/server_info").json()
+        assert info["device"] == "cpu" and info["host"] == "127.0.0.1"
