@@ -193,16 +193,20 @@ class LayerStreamer:
         return [(self.params[n].detach(), source[n]) for n in names]
 
     def transition_now(self, tag: str) -> None:
-        """Copy ``tag`` in with nothing to wait for (no forward is running).
+        """Copy ``tag`` in with no forward of ours to hide behind.
 
-        The outer group goes first here: the embedding lookup is the first thing ``tag``'s
-        forward needs, and waiting for it is cheaper than gathering rows on the host while no
-        GPU work is queued to hide that gather.
+        The copies still wait for everything already queued on the compute stream: work queued
+        before scoring (an optimizer step, a restore, another model's forward) may still read or
+        write the shared buffers, and a side-stream copy that ignored it would race it.
+        The outer group goes first: the embedding lookup is the first thing ``tag``'s forward
+        needs, and waiting for it is cheaper than gathering rows on the host while no GPU work
+        is queued to hide that gather.
         """
-        self._outer_ready = self.copies.copy_after(None, self._pairs(self.outer_names, tag))
+        queued = self.copies.mark_compute()
+        self._outer_ready = self.copies.copy_after(queued, self._pairs(self.outer_names, tag))
         self._outer_pending_for = None  # wait for the copy; no host-side embedding gather
         for i, names in enumerate(self.layer_names):
-            self._layer_ready[i] = self.copies.copy_after(None, self._pairs(names, tag))
+            self._layer_ready[i] = self.copies.copy_after(queued, self._pairs(names, tag))
 
     def arm(self, current: str, following: str) -> None:
         """During the next forward (``current``'s last), stream ``following`` in behind it."""

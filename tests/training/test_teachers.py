@@ -285,3 +285,25 @@ def test_streamed_scoring_on_cuda_matches_sequential(
         assert torch.allclose(a, b, atol=1e-5)
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
     bank.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_streamed_copies_wait_for_work_already_queued_on_the_compute_stream(
+    batch: tuple[list[torch.Tensor], list[int]],
+) -> None:
+    model = load_tiny(0).cuda()
+    bank = TeacherBank(model)
+    bank.add_teacher("math", tiny_dir(1))
+    tokens, resp = batch
+    tags = ["math"] * len(tokens)
+    expected = bank.score(tokens, resp, tags, max_tokens=20, overlap=False)
+    torch.cuda.synchronize()
+    # a restore still queued behind a busy compute stream when scoring starts: the teacher's
+    # side-stream copies must land after it, or the student's weights overwrite the teacher's
+    torch.cuda._sleep(200_000_000)
+    bank.restore(bank.student_tag)
+    streamed = bank.score(tokens, resp, tags, max_tokens=20, overlap=True)
+    for a, b in zip(expected, streamed, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    bank.close()
