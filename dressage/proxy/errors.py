@@ -1,0 +1,86 @@
+"""The proxy's errors and their OpenAI-style bodies: ``{"error": {message, type, param, code}}``.
+
+Every failure an agent or an admin can see is one of these; the server turns it into its HTTP
+status with :func:`error_body`, so the OpenAI SDK raises its matching exception
+(``BadRequestError`` for 400, ``AuthenticationError`` for 401, ``NotFoundError``,
+``ConflictError``, ``APIStatusError`` for 413, ``InternalServerError`` for 5xx).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BadRequest",
+    "EngineFailure",
+    "ProxyError",
+    "RequestTooLarge",
+    "SessionClosed",
+    "SessionNotFound",
+    "Unauthorized",
+    "error_body",
+]
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, param=self.param, code=self.code)
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class SessionNotFound(ProxyError):
+    status = 404
+    type = "not_found_error"
+    code = "session_not_found"
+
+
+class SessionClosed(ProxyError):
+    status = 409
+    type = "conflict_error"
+    code = "session_closed"
+
+
+class RequestTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class EngineFailure(ProxyError):
+    """The engine could not generate; ``status`` is 503 (down), 502 (failed) or the engine's
+    4xx (the request was refused, e.g. longer than the context)."""
+
+    type = "engine_error"
+
+    def __init__(self, message: str, *, status: int, code: str) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+        if 400 <= status < 500:
+            self.type = "invalid_request_error"
+
+
+def error_body(
+    message: str, type: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}

@@ -1,0 +1,350 @@
+"""The OpenAI chat API as the proxy speaks it: request → sampling params, message → response.
+
+Requests are checked by hand (no pydantic model of the message list: it is the hot path, and
+TITO validates messages itself, naming the offending index). Mapping to SGLang sampling params:
+
+    max_completion_tokens | max_tokens → max_new_tokens   (neither: the proxy's default, or
+                                                            the engine's context limit)
+    temperature, top_p, presence_penalty, frequency_penalty → same name
+    stop (str | list) → stop;  seed → sampling_seed;  n must be 1
+    SGLang extras: top_k (0 means off), min_p, repetition_penalty, min_tokens → min_new_tokens,
+    stop_token_ids (added to the family's turn-end tokens), ignore_eos, chat_template_kwargs
+
+``tool_choice``: ``none``, ``auto``, ``required`` and a named function are accepted; tools are
+always rendered (so switching choices never rewrites the prompt) and the model's tool calls are
+always parsed. Decoding is not constrained: ``none`` does not stop the model from writing a call
+and ``required`` does not force one. ``logprobs: true`` returns the sampled tokens' log-probs;
+``top_logprobs`` and ``response_format`` other than text are refused (400).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from typing import Any
+
+from dressage.proxy.errors import BadRequest
+
+__all__ = [
+    "SSE_DONE",
+    "ChatRequest",
+    "completion_response",
+    "dumps",
+    "new_completion_id",
+    "parse_chat_request",
+    "sse_chunk",
+    "sse_tool_call_deltas",
+    "usage_block",
+]
+
+_TOOL_CHOICES = ("none", "auto", "required")
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+class ChatRequest:
+    """A checked ``POST /v1/chat/completions`` body."""
+
+    __slots__ = (
+        "chat_template_kwargs",
+        "include_usage",
+        "logprobs",
+        "messages",
+        "model",
+        "sampling",
+        "stream",
+        "tool_choice",
+        "tools",
+    )
+
+    def __init__(
+        self,
+        *,
+        messages: list[dict[str, Any]],
+        model: str,
+        stream: bool,
+        include_usage: bool,
+        tools: list[dict[str, Any]] | None,
+        tool_choice: str | dict[str, Any] | None,
+        chat_template_kwargs: dict[str, Any],
+        sampling: dict[str, Any],
+        logprobs: bool,
+    ) -> None:
+        self.messages = messages
+        self.model = model
+        self.stream = stream
+        self.include_usage = include_usage
+        self.tools = tools
+        self.tool_choice = tool_choice
+        self.chat_template_kwargs = chat_template_kwargs
+        self.sampling = sampling
+        """SGLang ``sampling_params`` (the session adds the family's stop tokens)."""
+        self.logprobs = logprobs
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _number(body: dict[str, Any], key: str, lo: float, hi: float, *, lo_open: bool = False) -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not _is_number(value) or value > hi or value < lo or (lo_open and value == lo):
+        bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise BadRequest(f"{key} must be a number in {bound}, got {value!r}", param=key)
+    return value
+
+
+def _int(body: dict[str, Any], key: str, lo: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not _is_int(value) or value < lo:
+        raise BadRequest(f"{key} must be an integer >= {lo}, got {value!r}", param=key)
+    return int(value)
+
+
+def _stop(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise BadRequest(
+            f"stop must be a string or a list of strings, got {value!r:.100}", param="stop"
+        )
+    if len(stops) > 32:
+        raise BadRequest(f"stop has {len(stops)} strings; at most 32 are allowed", param="stop")
+    return stops
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise BadRequest("tools must be a list of function tools", param="tools")
+    for i, tool in enumerate(value):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not function["name"]
+        ):
+            raise BadRequest(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}, "
+                f"got {tool!r:.200}",
+                param=f"tools[{i}]",
+            )
+    return value or None
+
+
+def _tool_choice(value: Any) -> str | dict[str, Any] | None:
+    if value is None or value in _TOOL_CHOICES:
+        return value
+    function = value.get("function") if isinstance(value, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("name"), str):
+        return value
+    raise BadRequest(
+        f"tool_choice must be one of {_TOOL_CHOICES} or "
+        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {value!r:.200}",
+        param="tool_choice",
+    )
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise BadRequest(f"n must be 1 (one engine call per chat call), got {n!r}", param="n")
+    top = body.get("top_logprobs")
+    if top not in (None, 0):
+        raise BadRequest("top_logprobs is not supported by the proxy", param="top_logprobs")
+    response_format = body.get("response_format")
+    if response_format is not None and (
+        not isinstance(response_format, dict) or response_format.get("type") != "text"
+    ):
+        raise BadRequest(
+            "response_format other than {'type': 'text'} is not supported (no constrained "
+            "decoding)",
+            param="response_format",
+        )
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        raise BadRequest("functions/function_call are deprecated: use tools", param="functions")
+
+
+def _sampling(body: dict[str, Any], default_max_tokens: int | None) -> dict[str, Any]:
+    max_tokens = _int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1)
+    sampling: dict[str, Any] = {
+        "max_new_tokens": max_tokens if max_tokens is not None else default_max_tokens
+    }
+    for key, lo, hi, lo_open, target in (
+        ("temperature", 0.0, 2.0, False, "temperature"),
+        ("top_p", 0.0, 1.0, True, "top_p"),
+        ("min_p", 0.0, 1.0, False, "min_p"),
+        ("presence_penalty", -2.0, 2.0, False, "presence_penalty"),
+        ("frequency_penalty", -2.0, 2.0, False, "frequency_penalty"),
+        ("repetition_penalty", 0.0, 2.0, True, "repetition_penalty"),
+    ):
+        value = _number(body, key, lo, hi, lo_open=lo_open)
+        # Penalties at their neutral value are left out: some engines refuse the key at all.
+        neutral = 1.0 if key == "repetition_penalty" else 0.0
+        if value is not None and not (key.endswith("penalty") and value == neutral):
+            sampling[target] = value
+    top_k = body.get("top_k")
+    if top_k is not None:
+        if not _is_int(top_k) or top_k < -1:
+            raise BadRequest(f"top_k must be -1, 0 (off) or >= 1, got {top_k!r}", param="top_k")
+        if top_k > 0:
+            sampling["top_k"] = top_k
+    min_tokens = _int(body, "min_tokens", 0)
+    if min_tokens:
+        sampling["min_new_tokens"] = min_tokens
+    stop = _stop(body.get("stop"))
+    if stop:
+        sampling["stop"] = stop
+    seed = body.get("seed")
+    if seed is not None:
+        if not _is_int(seed) or not -(2**63) <= seed < 2**63:
+            raise BadRequest(f"seed must be a 64-bit integer, got {seed!r}", param="seed")
+        sampling["sampling_seed"] = seed
+    extra_stops = body.get("stop_token_ids")
+    if extra_stops is not None:
+        if not isinstance(extra_stops, list) or not all(_is_int(t) for t in extra_stops):
+            raise BadRequest("stop_token_ids must be a list of integers", param="stop_token_ids")
+        sampling["stop_token_ids"] = list(extra_stops)
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None:
+        if not isinstance(ignore_eos, bool):
+            raise BadRequest("ignore_eos must be a boolean", param="ignore_eos")
+        sampling["ignore_eos"] = ignore_eos
+    return sampling
+
+
+def parse_chat_request(body: Any, *, default_max_tokens: int | None = None) -> ChatRequest:
+    """Check a chat body; :class:`~dressage.proxy.errors.BadRequest` names the field."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(
+                f"messages[{i}] must be an object, got {message!r:.100}", param="messages"
+            )
+    _refuse_unsupported(body)
+    model = body.get("model", "")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", param="stream_options")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    logprobs = body.get("logprobs") or False
+    if not isinstance(logprobs, bool):
+        raise BadRequest("logprobs must be a boolean", param="logprobs")
+    return ChatRequest(
+        messages=messages,
+        model=model if isinstance(model, str) else str(model),
+        stream=stream,
+        include_usage=bool(options.get("include_usage")),
+        tools=_tools(body.get("tools")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        chat_template_kwargs=kwargs,
+        sampling=_sampling(body, default_max_tokens),
+        logprobs=logprobs,
+    )
+
+
+# ------------------------------------------------------------------------------ responses
+def usage_block(prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
+
+
+def completion_response(
+    *,
+    completion_id: str,
+    model: str,
+    message: dict[str, Any],
+    finish_reason: str,
+    usage: dict[str, Any],
+    weight_version: str,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The non-streaming ``chat.completion`` object."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": logprobs} if logprobs is not None else None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage,
+        "metadata": {"weight_version": weight_version},
+    }
+
+
+def sse_chunk(
+    completion_id: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any] | None,
+    *,
+    finish_reason: str | None = None,
+    usage: dict[str, Any] | None = None,
+    with_usage_key: bool = False,
+) -> bytes:
+    """One ``data: {...}\\n\\n`` event of a ``chat.completion.chunk`` stream. ``delta=None``
+    is the usage-only chunk (``choices: []``) sent last when ``include_usage`` is set."""
+    chunk: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if with_usage_key or usage is not None:
+        chunk["usage"] = usage
+    return b"data: " + dumps(chunk) + b"\n\n"
+
+
+def sse_tool_call_deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """One delta per tool call, whole (id, name and all arguments in one piece)."""
+    calls = message.get("tool_calls") or ()
+    return [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(calls)]
+
+
+SSE_DONE = b"data: [DONE]\n\n"

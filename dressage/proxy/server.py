@@ -1,0 +1,437 @@
+"""``dressage-proxy``: the recording proxy's HTTP app and entry point.
+
+    dressage-proxy --engine-url http://127.0.0.1:30000 --store-dir ./proxy-store \\
+        [--host 127.0.0.1] [--port 8000] [--admin-key K] [--api-key K] [--tito-model qwen3.5]
+
+An agent points its OpenAI base URL at ``http://HOST:PORT/sessions/<session_id>/v1`` (or sends
+``X-Session-Id: <session_id>`` to ``/v1``). Routes:
+
+    POST /v1/chat/completions, /sessions/{id}/v1/chat/completions   chat (API key when set)
+    GET  /v1/models, /sessions/{id}/v1/models                       (API key when set)
+    GET  /v1/capabilities                                           (API key when set)
+    POST /v1/sessions/{id}/finalize     -> {"session_id", "segments": [Segment dicts]}  (admin)
+    POST /v1/sessions/{id}/discard      -> {"session_id", "discarded": true, "steps"}    (admin)
+    GET  /v1/sessions/{id}/trajectory   -> {"status", "steps", "segments"}               (admin)
+    GET  /v1/sessions/{id}/stats, GET /v1/stats                                          (admin)
+    GET  /health                                                                          (open)
+
+Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
+key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413. Once the
+proxy accepts connections it prints ``DRESSAGE_PROXY_URL=http://HOST:PORT``. Routes are thin:
+the work is in :mod:`~dressage.proxy.sessions`.
+"""
+
+from __future__ import annotations
+
+import gc
+import hmac
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv
+from dressage.proxy.encoding import install_encode_memo
+from dressage.proxy.engine_client import EngineClient, EngineError, EngineUnavailableError
+from dressage.proxy.errors import (
+    BadRequest,
+    EngineFailure,
+    ProxyError,
+    RequestTooLarge,
+    Unauthorized,
+)
+from dressage.proxy.generation_controller import GenerationController
+from dressage.proxy.openai_api import (
+    SSE_DONE,
+    ChatRequest,
+    completion_response,
+    dumps,
+    parse_chat_request,
+    sse_chunk,
+    sse_tool_call_deltas,
+    usage_block,
+)
+from dressage.proxy.sessions import SessionManager, StreamDelta, StreamEnd, StreamStart
+from dressage.proxy.store import StoreError, TrajectoryStore
+from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["READY_PREFIX", "SESSION_HEADERS", "create_app", "load_proxy_tokenizer", "main"]
+
+log = logging.getLogger(__name__)
+READY_PREFIX = "DRESSAGE_PROXY_URL="
+SESSION_HEADERS = ("x-session-id", "x-dressage-session-id")
+VERSION = "dressage-proxy-0.1"
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(dumps(payload), status_code=status, media_type="application/json")
+
+
+def load_proxy_tokenizer(config: ProxyConfig) -> PreTrainedTokenizerBase:
+    """``--tokenizer-path``, else the project's own tokenizer of the TITO family."""
+    from dressage.assets import load_family_tokenizer, load_tokenizer
+
+    if config.tokenizer_path:
+        return load_tokenizer(config.tokenizer_path)
+    if config.tito_model in ("llama3", "deepseek"):
+        return load_family_tokenizer(config.tito_model)
+    return load_tokenizer("qwen3" if config.tito_model == "qwen3" else "qwen3.5")
+
+
+class _Auth:
+    def __init__(self, config: ProxyConfig) -> None:
+        admin = (config.admin_key,) if config.admin_key else ()
+        self.admin_keys: tuple[str, ...] = admin
+        self.chat_keys: tuple[str, ...] = (config.api_key, *admin) if config.api_key else ()
+
+    @staticmethod
+    def _check(request: Request, keys: tuple[str, ...], what: str) -> None:
+        if not keys:
+            return
+        header = request.headers.get("authorization", "")
+        token = header[7:] if header[:7].lower() == "bearer " else ""
+        if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+            raise Unauthorized(f"{what} needs a valid 'Authorization: Bearer <key>' header")
+
+    def chat(self, request: Request) -> None:
+        self._check(request, self.chat_keys, "this endpoint")
+
+    def admin(self, request: Request) -> None:
+        self._check(request, self.admin_keys, "session and control endpoints")
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(f"the request body ({declared} bytes) exceeds {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"the request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+
+
+def _as_proxy_error(exc: Exception) -> ProxyError:
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, EngineError):
+        code = "engine_unavailable" if isinstance(exc, EngineUnavailableError) else "engine_error"
+        if 400 <= exc.status < 500:
+            code = "engine_rejected"
+        return EngineFailure(str(exc), status=exc.status, code=code)
+    if isinstance(exc, StoreError):
+        return ProxyError(f"trajectory store failure: {exc}", code="store_error")
+    return ProxyError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+
+
+def create_app(
+    config: ProxyConfig,
+    *,
+    engine: EngineClient | None = None,
+    store: TrajectoryStore | None = None,
+    tito: TITOTokenizer | None = None,
+    controller: GenerationController | None = None,
+) -> FastAPI:
+    """The proxy app. What is not given is built from ``config`` (and closed with the app)."""
+    owned: list[Any] = []
+    if tito is None:
+        tito = create_tito_tokenizer(
+            load_proxy_tokenizer(config), config.tito_model, build_mode=config.token_build_mode
+        )
+    if engine is None:
+        engine = EngineClient(
+            config.engine_url_clean,
+            api_key=config.engine_api_key,
+            timeout=config.engine_timeout_s,
+            retries=config.engine_retries,
+        )
+        owned.append(engine)
+    if store is None:
+        store = TrajectoryStore.open(config.store_dir, fsync=config.store_fsync)
+        owned.append(store)
+    install_encode_memo(tito)
+    controller = controller or GenerationController(engine)
+    manager = SessionManager(tito, controller, store, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        for resource in owned:
+            if isinstance(resource, EngineClient):
+                await resource.aclose()
+            else:
+                resource.close()
+
+    app = FastAPI(title="dressage proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.manager = manager
+    app.state.started = time.time()
+
+    @app.exception_handler(ProxyError)
+    @app.exception_handler(EngineError)
+    @app.exception_handler(StoreError)
+    async def proxy_error(request: Request, exc: Exception) -> Response:
+        error = _as_proxy_error(exc)
+        if error.status >= 500:
+            log.error("%s %s -> %d: %s", request.method, request.url.path, error.status, exc)
+        return _json(error.body(), error.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return _json(_as_proxy_error(exc).body(), 500)
+
+    auth = _Auth(config)
+    _add_chat(app, manager, auth, config)
+    _add_sessions(app, manager, auth, config)
+    return app
+
+
+def _add_chat(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyConfig) -> None:
+    async def chat(request: Request, session_id: str | None) -> Response:
+        auth.chat(request)
+        if session_id is None:
+            session_id = next(
+                (request.headers[h] for h in SESSION_HEADERS if h in request.headers), None
+            )
+        if not session_id:
+            raise BadRequest(
+                "no session: use the base URL .../sessions/<session_id>/v1 or send an "
+                "X-Session-Id header",
+                param="session_id",
+                code="missing_session",
+            )
+        body = await _read_json(request, config.max_request_bytes)
+        chat_request = parse_chat_request(body, default_max_tokens=config.default_max_tokens)
+        model = chat_request.model or config.served_model_name
+        if chat_request.stream:
+            return await _stream(manager, session_id, chat_request, model)
+        result = await manager.chat(session_id, chat_request)
+        usage = usage_block(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+        return _json(
+            completion_response(
+                completion_id=result.completion_id,
+                model=model,
+                message=result.message,
+                finish_reason=result.finish_reason,
+                usage=usage,
+                weight_version=result.weight_version,
+                logprobs=result.logprobs,
+            )
+        )
+
+    async def chat_by_header(request: Request) -> Response:
+        return await chat(request, None)
+
+    async def chat_by_path(request: Request) -> Response:
+        return await chat(request, request.path_params["session_id"])
+
+    # Plain Starlette routes: the hot path skips FastAPI's per-request parameter solving.
+    app.router.routes.append(Route("/v1/chat/completions", chat_by_header, methods=["POST"]))
+    app.router.routes.append(
+        Route("/sessions/{session_id}/v1/chat/completions", chat_by_path, methods=["POST"])
+    )
+
+    def models_body() -> dict[str, Any]:
+        card = {
+            "id": config.served_model_name,
+            "object": "model",
+            "created": int(app.state.started),
+            "owned_by": "dressage",
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        auth.chat(request)
+        return _json(models_body())
+
+    @app.get("/sessions/{session_id}/v1/models")
+    async def session_models(request: Request, session_id: str) -> Response:
+        auth.chat(request)
+        return _json(models_body())
+
+    @app.get("/v1/capabilities")
+    async def capabilities(request: Request) -> Response:
+        auth.chat(request)
+        return _json(
+            {
+                "version": VERSION,
+                "model": config.served_model_name,
+                **config.segment_flags(),
+                "streaming": True,
+                "tools": True,
+                "reasoning": True,
+                "session_headers": ["X-Session-Id", "X-Dressage-Session-Id"],
+                "session_base_path": "/sessions/{session_id}/v1",
+                "pause_resume": False,
+                "store_fsync": config.store_fsync,
+                "max_request_bytes": config.max_request_bytes,
+            }
+        )
+
+    @app.get("/health")
+    async def health() -> Response:
+        return _json({"status": "ok"})
+
+
+async def _stream(
+    manager: SessionManager, session_id: str, chat_request: ChatRequest, model: str
+) -> Response:
+    events = manager.chat_stream(session_id, chat_request)
+    try:
+        first = await events.__anext__()
+    except BaseException:
+        await events.aclose()
+        raise
+    assert isinstance(first, StreamStart)
+    include_usage = chat_request.include_usage
+
+    async def sse() -> AsyncIterator[bytes]:
+        cid, created = first.completion_id, int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return sse_chunk(cid, created, model, delta, finish_reason=finish,
+                             with_usage_key=include_usage)  # fmt: skip
+
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            async for event in events:
+                if isinstance(event, StreamDelta):
+                    yield chunk(event.fields)
+                elif isinstance(event, StreamEnd):
+                    result = event.result
+                    if event.fields:
+                        yield chunk(event.fields)
+                    for delta in sse_tool_call_deltas(result.message):
+                        yield chunk(delta)
+                    yield chunk({}, result.finish_reason)
+                    if include_usage:
+                        usage = usage_block(
+                            result.prompt_tokens, result.completion_tokens, result.cached_tokens
+                        )
+                        yield sse_chunk(cid, created, model, None, usage=usage)
+        except (ProxyError, EngineError, StoreError) as exc:
+            # The HTTP status is sent already: the error travels in the stream (the SDK raises).
+            error = _as_proxy_error(exc)
+            log.error("session %s: stream failed: %s", session_id, exc)
+            yield b"data: " + dumps(error.body()) + b"\n\n"
+        finally:
+            await events.aclose()
+        yield SSE_DONE
+
+    return StreamingResponse(sse(), media_type="text/event-stream")
+
+
+def _add_sessions(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyConfig) -> None:
+    @app.post("/v1/sessions/{session_id}/finalize")
+    async def finalize(request: Request, session_id: str) -> Response:
+        auth.admin(request)
+        segments = await manager.finalize(session_id)
+        return _json({"session_id": session_id, "segments": [s.to_dict() for s in segments]})
+
+    @app.post("/v1/sessions/{session_id}/discard")
+    async def discard(request: Request, session_id: str) -> Response:
+        auth.admin(request)
+        steps = await manager.discard(session_id)
+        return _json({"session_id": session_id, "discarded": True, "steps": steps})
+
+    @app.get("/v1/sessions/{session_id}/trajectory")
+    async def trajectory(request: Request, session_id: str) -> Response:
+        auth.admin(request)
+        return _json(manager.trajectory(session_id))
+
+    @app.get("/v1/sessions/{session_id}/stats")
+    async def session_stats(request: Request, session_id: str) -> Response:
+        auth.admin(request)
+        return _json(manager.session_stats(session_id))
+
+    @app.get("/v1/stats")
+    async def stats(request: Request) -> Response:
+        auth.admin(request)
+        store = manager.store
+        return _json(
+            {
+                **manager.stats(),
+                "engine_url": config.engine_url_clean,
+                "store": {
+                    "path": str(store.path),
+                    "bytes": store.size_bytes,
+                    "fsync": store.fsync,
+                    "replayed_records": store.report.records,
+                    "skipped_corrupt": store.report.skipped_corrupt,
+                    "torn_tail_bytes": store.report.torn_tail_bytes,
+                },
+                "uptime_s": round(time.time() - app.state.started, 3),
+                "rss_bytes": _rss_bytes(),
+            }
+        )
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def tune_gc() -> None:
+    """Keep the cyclic GC off the hot path: the tokenizer import leaves ~10^6 long-lived objects
+    (transformers, torch) that every full collection would walk; freeze them, and collect the
+    young generation less often (a call allocates thousands of short-lived, acyclic objects).
+    Measured in bench/proxy.py: about 2x the calls/s of the defaults."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dressage-proxy`` (see the module docstring)."""
+    import uvicorn
+
+    try:
+        config, log_level = config_from_argv(sys.argv[1:] if argv is None else argv)
+    except ProxyConfigError as exc:
+        print(f"dressage-proxy: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    app = create_app(config)
+    tune_gc()
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    port = sock.getsockname()[1]
+    host = f"[{config.host}]" if ":" in config.host else config.host
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
+
+    server = _Server(
+        uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+    )
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

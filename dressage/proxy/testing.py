@@ -1,0 +1,295 @@
+"""Serve the proxy for a test or a script, and a scripted engine for what a real one cannot do.
+
+    from dressage.proxy.testing import serve_proxy, ScriptedEngine
+    with serve_proxy(config, tito=tito) as url:               # uvicorn on a thread, free port
+        OpenAI(base_url=f"{url}/sessions/s1/v1", api_key="x")
+
+:class:`ScriptedEngine` answers SGLang's ``/generate`` (plain and streamed, cumulative chunks)
+with output ids a script chooses, at once. It exists for three things the real engine cannot
+give: outputs a random tiny model never writes (tool calls, malformed tool calls, aborts at a
+chosen token), a router's behaviour (``GET /workers``, the 404 on ``/abort_request``, its 503
+error body), and an engine that costs nothing, so that the proxy benchmark measures only the
+proxy. It is a raw asyncio server (no framework) for that last reason::
+
+    python -m dressage.proxy.testing --port 0 --output-file ids.json   # prints its URL
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from dressage.proxy.config import ProxyConfig
+
+__all__ = ["EngineReply", "ScriptedEngine", "serve_app", "serve_proxy"]
+
+
+@dataclass
+class EngineReply:
+    """What the scripted engine answers to one ``/generate``."""
+
+    output_ids: list[int]
+    finish: str = "stop"
+    """``stop`` (matched = last id), ``length`` or ``abort``."""
+    status_code: int | None = None
+    """For ``abort``: an error status (SGLang turns it into an HTTP error)."""
+    http_status: int = 200
+    error_body: dict[str, Any] | None = None
+    """Answer with this body and ``http_status`` instead of an output."""
+
+
+Script = Callable[[dict[str, Any]], EngineReply]
+
+
+@dataclass
+class _Seen:
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class ScriptedEngine:
+    """A scripted SGLang server (see the module docstring). ``script(body) -> EngineReply``;
+    ``workers``: answer ``GET /workers`` with these URLs and refuse control routes like a router
+    (None: a plain server, 404 on ``/workers``)."""
+
+    script: Script
+    weight_version: str = "default"
+    workers: list[str] | None = None
+    logprob: float = -0.25
+    record: bool = True
+    seen: list[_Seen] = field(default_factory=list)
+    url: str = ""
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+
+    def _generate(self, body: dict[str, Any]) -> tuple[int, bytes, bool]:
+        reply = self.script(body)
+        if reply.error_body is not None:
+            return reply.http_status, json.dumps(reply.error_body).encode(), False
+        params = body.get("sampling_params") or {}
+        ids = list(reply.output_ids)
+        finish: dict[str, Any]
+        budget = params.get("max_new_tokens")
+        if isinstance(budget, int) and len(ids) > budget:
+            ids, finish = ids[:budget], {"type": "length", "length": budget}
+        elif reply.finish == "stop":
+            finish = {"type": "stop", "matched": ids[-1] if ids else 0}
+        elif reply.finish == "length":
+            finish = {"type": "length", "length": len(ids)}
+        else:
+            finish = {"type": "abort", "message": "Aborted", "status_code": reply.status_code}
+        prompt = body.get("input_ids") or []
+        return 200, self._output(body, ids, finish, len(prompt)), bool(body.get("stream"))
+
+    def _output(self, body: dict[str, Any], ids: list[int], finish: Any, prompt: int) -> bytes:
+        meta = {
+            "id": body.get("rid", ""),
+            "finish_reason": finish,
+            "prompt_tokens": prompt,
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+            "output_token_logprobs": [[self.logprob, i, None] for i in ids],
+        }
+        return json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode()
+
+    def _stream_body(self, body: dict[str, Any], final: bytes) -> bytes:
+        """Cumulative SSE chunks, one per token, the last one carrying the finish reason."""
+        data = json.loads(final)
+        ids, meta = data["output_ids"], data["meta_info"]
+        events = []
+        for k in range(1, len(ids)):
+            partial = dict(meta, finish_reason=None, completion_tokens=k)
+            partial["output_token_logprobs"] = meta["output_token_logprobs"][:k]
+            events.append({"text": "", "output_ids": ids[:k], "meta_info": partial})
+        events.append(data)
+        out = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+        return out + b"data: [DONE]\n\n"
+
+    def handle(
+        self, method: str, path: str, headers: dict[str, str], raw: bytes
+    ) -> tuple[int, bytes, str]:
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return 400, b'{"error": {"message": "not JSON"}}', "application/json"
+        if self.record and path != "/health":
+            self.seen.append(_Seen(path, headers, body))
+        if path == "/generate":
+            status, payload, stream = self._generate(body)
+            if stream and status == 200:
+                return 200, self._stream_body(body, payload), "text/event-stream"
+            return status, payload, "application/json"
+        if path == "/workers" and self.workers is not None:
+            items = [
+                {"id": f"w{i}", "url": u, "is_healthy": True} for i, u in enumerate(self.workers)
+            ]
+            return (
+                200,
+                json.dumps({"workers": items, "total": len(items)}).encode(),
+                "application/json",
+            )
+        if path in ("/abort_request", "/pause_generation", "/continue_generation"):
+            if self.workers is not None:  # routers have no control routes
+                return 404, b"Not Found", "text/plain"
+            return 200, b"", "application/json"
+        if path in ("/model_info", "/get_model_info"):
+            info = {"model_path": "scripted", "weight_version": self.weight_version}
+            return 200, json.dumps(info).encode(), "application/json"
+        if path == "/health":
+            return 200, b"", "application/json"
+        return 404, b'{"detail": "Not Found"}', "application/json"
+
+    # ------------------------------------------------------------------------------ serving
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, path = lines[0].split(" ")[:2]
+                headers = {}
+                for line in lines[1:]:
+                    if line:
+                        name, _, value = line.partition(":")
+                        headers[name.strip().lower()] = value.strip()
+                raw = await reader.readexactly(int(headers.get("content-length", "0")))
+                status, payload, kind = self.handle(method, path.split("?")[0], headers, raw)
+                writer.write(
+                    b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
+                    % (status, kind.encode(), len(payload))
+                    + payload
+                )
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def serve(self, sock: socket.socket) -> None:
+        # A deep backlog: hundreds of connections open at once (asyncio's default is 100, and a
+        # dropped SYN costs a 1 s retransmit).
+        server = await asyncio.start_server(self._connection, sock=sock, backlog=4096)
+        async with server:
+            await server.serve_forever()
+
+    @contextmanager
+    def running(self, port: int = 0) -> Iterator[str]:
+        """Serve on a loopback port (0: a free one) in a background thread; yields the URL."""
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        loop = asyncio.new_event_loop()
+        task: list[asyncio.Task[None]] = []
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            task.append(loop.create_task(self.serve(sock)))
+            try:
+                loop.run_until_complete(task[0])
+            except asyncio.CancelledError:
+                pass
+
+        thread = threading.Thread(target=run, name="scripted-engine", daemon=True)
+        thread.start()
+        try:
+            _wait_healthy(self.url, 10.0)
+            yield self.url
+        finally:
+
+            def stop() -> None:  # like a process exit: open connections are closed too
+                for writer in list(self._writers):
+                    writer.close()
+                task[0].cancel()
+
+            loop.call_soon_threadsafe(stop)
+            thread.join(timeout=10)
+            sock.close()
+
+
+def _wait_healthy(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(f"{url} was not healthy within {timeout} s")
+
+
+@contextmanager
+def serve_app(app: Any, *, startup_timeout: float = 30.0) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a background thread, on a free loopback port."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    )
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="dressage-proxy-http", daemon=True
+    )
+    thread.start()
+    try:
+        _wait_healthy(url, startup_timeout)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@contextmanager
+def serve_proxy(config: ProxyConfig, **components: Any) -> Iterator[str]:
+    """``create_app(config, **components)`` served on a thread; yields its base URL."""
+    from dressage.proxy.server import create_app
+
+    with serve_app(create_app(config, **components)) as url:
+        yield url
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A scripted engine process that answers every ``/generate`` with the same ids."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--output-file", required=True, help="JSON list of output ids")
+    args = p.parse_args(argv)
+    with open(args.output_file) as f:
+        ids = [int(i) for i in json.load(f)]
+    engine = ScriptedEngine(lambda body: EngineReply(ids), record=False)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    print(f"SCRIPTED_ENGINE_URL=http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(engine.serve(sock))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Unit tests: the proxy's config (flags over DRESSAGE_* over defaults) and the OpenAI request
+mapping and response shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dressage.proxy.config import ProxyConfigError, config_from_argv
+from dressage.proxy.errors import BadRequest
+from dressage.proxy.openai_api import (
+    completion_response,
+    parse_chat_request,
+    sse_chunk,
+    sse_tool_call_deltas,
+    usage_block,
+)
+
+pytestmark = pytest.mark.unit
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+# ------------------------------------------------------------------------------ config
+def test_defaults_are_loopback_and_tito_qwen35(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DRESSAGE_PROXY_HOST", "DRESSAGE_PROXY_TITO_MODEL", "DRESSAGE_PROXY_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    config, level = config_from_argv([])
+    assert (config.host, config.port, config.tito_model, config.token_build_mode) == (
+        "127.0.0.1",
+        8000,
+        "qwen3.5",
+        "tito",
+    )
+    assert not config.partial_rollout and not config.record_token_versions
+    assert level == "warning"
+
+
+def test_flags_win_over_env_and_env_over_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRESSAGE_PROXY_ENGINE_URL", "http://engine-from-env:1")
+    monkeypatch.setenv("DRESSAGE_PROXY_RECORD_TOKEN_VERSIONS", "1")
+    monkeypatch.setenv("DRESSAGE_PROXY_TITO_MODEL", "qwen3")
+    monkeypatch.setenv("DRESSAGE_PROXY_STORE_FSYNC", "true")
+    config, _ = config_from_argv(
+        ["--engine-url", "http://flag:2", "--token-build-model", "llama3", "--no-store-fsync"]
+    )
+    assert config.engine_url == "http://flag:2"
+    assert config.tito_model == "llama3"  # --token-build-model is --tito-model's alias
+    assert config.store_fsync is False
+    assert config.record_token_versions is True  # from the environment
+
+
+def test_seed_flags_land_in_config_and_segment_flags() -> None:
+    config, _ = config_from_argv(
+        [
+            "--tito-model", "qwen3.5", "--token-build-mode", "snapshot",
+            "--dressage-partial-rollout", "--record-token-versions",
+            "--mask-nonlast-version-tokens", "--tokenizer-path", "/tok",
+        ]
+    )  # fmt: skip
+    assert config.segment_flags() == {
+        "tito_model": "qwen3.5",
+        "token_build_mode": "snapshot",
+        "dressage_partial_rollout": True,
+        "record_token_versions": True,
+        "mask_nonlast_version_tokens": True,
+    }
+    assert config.tokenizer_path == "/tok"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--host", "0.0.0.0"], "not a loopback address"),
+        (["--tito-model", "generic"], "needs tokenizer_path"),
+        (["--engine-url", "ftp://x"], "http(s) URL"),
+        (["--admin-key", "short"], "at least 8 characters"),
+        (["--max-request-bytes", "10"], "max_request_bytes"),
+    ],
+)
+def test_invalid_settings_fail_with_the_field(argv: list[str], needle: str) -> None:
+    with pytest.raises(ProxyConfigError, match="invalid proxy settings") as info:
+        config_from_argv(argv)
+    assert needle in str(info.value)
+
+
+def test_public_host_with_an_admin_key_is_allowed(tmp_path: Path) -> None:
+    config, _ = config_from_argv(["--host", "0.0.0.0", "--admin-key", "k" * 16])
+    assert config.host == "0.0.0.0"
+
+
+# ------------------------------------------------------------------------------ requests
+def test_sampling_params_mapping() -> None:
+    request = parse_chat_request(
+        {
+            "model": "m",
+            "messages": USER,
+            "max_tokens": 50,
+            "max_completion_tokens": 40,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 20,
+            "min_p": 0.05,
+            "stop": "END",
+            "seed": 7,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.5,
+            "stop_token_ids": [5],
+            "chat_template_kwargs": {"enable_thinking": False},
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+    assert request.sampling == {
+        "max_new_tokens": 40,  # max_completion_tokens wins over max_tokens
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "min_p": 0.05,
+        "frequency_penalty": 0.5,  # presence_penalty at its neutral 0 is left out
+        "top_k": 20,
+        "stop": ["END"],
+        "sampling_seed": 7,
+        "stop_token_ids": [5],
+    }
+    assert request.stream and request.include_usage
+    assert request.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_defaults_leave_max_tokens_to_the_proxy_default() -> None:
+    assert parse_chat_request({"messages": USER}).sampling == {"max_new_tokens": None}
+    request = parse_chat_request({"messages": USER, "top_k": 0}, default_max_tokens=64)
+    assert request.sampling == {"max_new_tokens": 64}  # top_k 0 means off
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": ["hi"]}, "messages"),
+        ({"messages": USER, "temperature": -1}, "temperature"),
+        ({"messages": USER, "top_p": 0}, "top_p"),
+        ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+        ({"messages": USER, "max_tokens": True}, "max_tokens"),
+        ({"messages": USER, "n": 2}, "n"),
+        ({"messages": USER, "stop": [1]}, "stop"),
+        ({"messages": USER, "stop": ["x"] * 33}, "stop"),
+        ({"messages": USER, "seed": 2**64}, "seed"),
+        ({"messages": USER, "tools": [{"type": "function"}]}, "tools[0]"),
+        ({"messages": USER, "tools": {"a": 1}}, "tools"),
+        ({"messages": USER, "tool_choice": "always"}, "tool_choice"),
+        ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
+        ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": USER, "stream": "yes"}, "stream"),
+        ({"messages": USER, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
+    ],
+)
+def test_bad_requests_name_the_field(body: dict, param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_chat_request(body)
+    assert info.value.param == param
+    assert info.value.status == 400
+    assert info.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_tool_choice_forms_are_accepted() -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("none", "auto", "required", named):
+        assert parse_chat_request({"messages": USER, "tool_choice": choice}).tool_choice == choice
+
+
+# ------------------------------------------------------------------------------ responses
+def test_completion_response_shape() -> None:
+    message = {"role": "assistant", "content": "hi", "reasoning_content": "think"}
+    body = completion_response(
+        completion_id="chatcmpl-1",
+        model="m",
+        message=message,
+        finish_reason="stop",
+        usage=usage_block(10, 2, 4),
+        weight_version="3",
+    )
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0] == {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    assert body["usage"] == {
+        "prompt_tokens": 10,
+        "completion_tokens": 2,
+        "total_tokens": 12,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    assert body["metadata"] == {"weight_version": "3"}
+
+
+def test_sse_chunks() -> None:
+    raw = sse_chunk("c1", 5, "m", {"content": "a"}, finish_reason=None, with_usage_key=True)
+    assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
+    chunk = json.loads(raw[6:])
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"][0]["delta"] == {"content": "a"}
+    assert "usage" in chunk and chunk["usage"] is None
+    usage = json.loads(sse_chunk("c1", 5, "m", None, usage=usage_block(1, 1, None))[6:])
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 2
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    deltas = sse_tool_call_deltas({"tool_calls": [call, call]})
+    assert [d["tool_calls"][0]["index"] for d in deltas] == [0, 1]
+    assert deltas[0]["tool_calls"][0]["function"]["name"] == "f"
