@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: venv test lint typecheck pytest assets bench clean
+.PHONY: venv test lint typecheck pytest assets demo airflow clean
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -27,6 +27,14 @@ typecheck: venv
 
 pytest: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## make demo: dressage_mopd end to end on the embedded default, through Airflow (<= 10 min)
+demo: venv
+	bash scripts/demo.sh $(DEMO_ARGS)
+
+## make airflow: Airflow standalone on http://127.0.0.1:8080 with the dressage DAGs
+airflow: venv
+	bash scripts/airflow.sh
 
 ## make assets: build the offline Qwen tokenizers and the tiny model into the cache
 assets: venv

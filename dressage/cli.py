@@ -3,8 +3,10 @@
     dressage artifacts validate URL     # exit 0, or non-zero with the JSON report
     dressage artifacts show URL         # a readable summary of an artifact folder
     dressage engine serve --model PATH  # the embedded SGLang-compatible engine
+    dressage proxy serve --engine-url URL  # the recording proxy (same as dressage-proxy)
     dressage mopd check CONFIG          # validate a MOPD config (teachers, datasets, routes)
     dressage mopd launch ...            # build (and run) slime's MOPD command line
+    dressage demo                       # dressage_mopd end to end through Airflow (make demo)
     dressage assets                     # build the offline tokenizers and tiny model
     dressage env                        # the DRESSAGE_* variables and their defaults
 
@@ -23,14 +25,17 @@ _COMMANDS: dict[tuple[str, ...], str] = {
     ("artifacts", "validate"): "dressage.staging.cli:validate_main",
     ("artifacts", "show"): "dressage.staging.cli:show_main",
     ("engine", "serve"): "dressage.engine.cli:serve_main",
+    ("proxy", "serve"): "dressage.proxy.server:main",
     ("mopd", "check"): "dressage.config.mopd:main",
     ("mopd", "launch"): "dressage.launch.slime_command:main",
     ("assets",): "dressage.assets.__main__:main_argv",
+    ("demo",): "dressage.airflow.demo:main",
     ("env",): "dressage.cli:env_main",
 }
 
 
 def env_main(argv: Sequence[str]) -> int:
+    import dressage.proxy.config  # noqa: F401  (declares the DRESSAGE_PROXY_* variables)
     from dressage.config.env import ENV
 
     for var in sorted(ENV.values(), key=lambda v: v.name):

@@ -2,6 +2,7 @@
 
 from dressage.staging.artifacts import Artifact, ArtifactWriter, open_artifact
 from dressage.staging.manifest import MANIFEST_NAME, ArtifactError, Manifest
+from dressage.staging.stage import StagedRun, StagingError, copy_artifact, stage_run
 from dressage.staging.validation import validate_artifact
 
 __all__ = [
@@ -10,6 +11,10 @@ __all__ = [
     "ArtifactError",
     "ArtifactWriter",
     "Manifest",
+    "StagedRun",
+    "StagingError",
+    "copy_artifact",
     "open_artifact",
+    "stage_run",
     "validate_artifact",
 ]

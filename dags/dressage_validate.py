@@ -1,0 +1,65 @@
+"""
+### dressage_validate: can this config train?
+
+**load_config**: the config parses, types check, paths resolve → in parallel,
+**check_routes** (each dataset's teacher exists, weights > 0, agent modes, generate functions
+and reward modules import, reward tasks registered, `runtime_env_keys` set, dataset files
+exist) and **check_checkpoints** (student and teacher checkpoints present and readable, the same
+architecture, tokenizer and vocabulary as the student) → **report**: one JSON report of every
+problem, written to `<run_root>/dressage_validate/<run_id>/report.json`; the run fails if any.
+
+`airflow dags test dressage_validate --conf '{"mopd_config": "configs/mopd/embedded.json"}'`
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pendulum
+from airflow.sdk import dag, task
+
+from dressage.airflow import tasks
+from dressage.airflow.params import validation_params
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+@task
+def load_config(**context: Any) -> dict[str, Any]:
+    return tasks.load_validation(context, project_dir=PROJECT)
+
+
+@task
+def check_routes(spec: dict[str, Any]) -> dict[str, Any]:
+    return tasks.check_routes(spec)
+
+
+@task
+def check_checkpoints(spec: dict[str, Any]) -> dict[str, Any]:
+    return tasks.check_checkpoints(spec)
+
+
+@task
+def report(spec: dict[str, Any], routes: dict[str, Any], checkpoints: dict[str, Any]) -> dict:
+    return tasks.validation_verdict(spec, routes, checkpoints)
+
+
+@dag(
+    dag_id=Path(__file__).stem,
+    description="Check a MOPD config: routes, rewards, checkpoints; fail closed with a report",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["dressage", "validation"],
+    default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    params=validation_params(),
+)
+def dressage_validate() -> None:
+    spec = load_config()
+    report(spec, check_routes(spec), check_checkpoints(spec))
+
+
+dressage_validate()

@@ -1,0 +1,349 @@
+"""The work behind the DAGs' ``@task``s, as plain functions of JSON-able values.
+
+Each DAG task is a line or two that calls one of these with its inputs and its Airflow context.
+Failures that running again cannot fix (an invalid config, a failed job, failing data checks, an
+unwritable artifact root) raise :class:`AirflowFailException`, which skips the retries; the
+message names the cause: the config field, teacher or dataset, the job and its log tail, the URL.
+Heavy modules (torch through checkpoints, polars through pandera, matplotlib) are imported
+inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from dressage.airflow.assets import ASSETS
+from dressage.airflow.plan import RunPlan, resolve_path
+from dressage.config.mopd import Problem
+from dressage.launch.base import LaunchError, sanitize_id
+from dressage.launch.request import JobRequest
+from dressage.launch.train_job import train_entrypoint
+
+if TYPE_CHECKING:
+    from dressage.launch.preflight import PreflightReport
+
+__all__ = [
+    "check_checkpoints",
+    "check_routes",
+    "check_table",
+    "load_validation",
+    "plan_run",
+    "prepare_job",
+    "publish",
+    "stage",
+    "start_services",
+    "stop_services",
+    "validate_run",
+    "validation_verdict",
+]
+
+ADMIN_KEY_ENV = "DRESSAGE_PROXY_ADMIN_KEY"
+log = logging.getLogger(__name__)
+
+
+def _problems(items: Sequence[Any]) -> list[dict[str, str]]:
+    return [{"subject": p.subject, "message": p.message} for p in items]
+
+
+def _lines(problems: Sequence[Mapping[str, str]]) -> str:
+    return "\n".join(f"  - {p['subject']}: {p['message']}" for p in problems)
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
+
+
+# -- training DAGs ----------------------------------------------------------------------------
+
+
+def plan_run(context: Context, *, objective: str, project_dir: Path) -> dict[str, Any]:
+    """The run's typed plan from its Params (already JSON-Schema-checked at trigger time)."""
+    plan = RunPlan.from_params(
+        context["params"],
+        dag_id=context["dag"].dag_id,
+        run_id=context["run_id"],
+        objective=objective,
+        project_dir=project_dir,
+    )
+    return plan.model_dump(mode="json")
+
+
+def validate_run(plan_data: Mapping[str, Any]) -> dict[str, Any]:
+    """Config, routes, checkpoints (and the Ray address); fails closed with a report.
+
+    The report is kept in the run folder (``preflight.json``) either way.
+    """
+    from dressage.launch.preflight import preflight
+
+    plan = RunPlan.model_validate(plan_data)
+    report = preflight(plan.mopd_config, objective=plan.objective, student=plan.student)
+    ray_version = _ray_version(plan.ray_address, report) if plan.backend == "ray" else None
+    data = {**report.to_dict(), "ray_version": ray_version}
+    path = _write_json(Path(plan.run_dir) / "preflight.json", data)
+    for warning in report.warnings:
+        log.warning("%s", warning)
+    if not report.ok:
+        raise AirflowFailException(f"{report.describe()}\nreport: {path}")
+    return data
+
+
+def _ray_version(address: str, report: PreflightReport) -> str | None:
+    """The cluster's Ray version, or a problem in ``report`` naming the unreachable address."""
+    from dressage.launch.ray_jobs import RayJobsLauncher
+
+    try:
+        return RayJobsLauncher(address, timeout_s=10).ping()
+    except LaunchError as exc:
+        report.problems.append(Problem("ray_address", str(exc)))
+        return None
+
+
+def start_services(plan_data: Mapping[str, Any], report: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine and the proxy for an embedded run; nothing on the ray backend (the job's own)."""
+    plan = RunPlan.model_validate(plan_data)
+    if plan.backend == "ray":
+        log.info("ray backend: the engines and the proxy run inside the job on the cluster")
+        return {"launcher": None, "engine_url": None, "proxy_url": None, "submission_ids": []}
+    from dressage.config.mopd import resolve_checkpoint
+    from dressage.launch.local import LocalLauncher
+    from dressage.launch.services import ServicePlan
+    from dressage.launch.services import start_services as start
+
+    launcher = LocalLauncher(plan.jobs_dir)
+    service_plan = ServicePlan(
+        student=resolve_checkpoint(str(report["student"])),
+        store_dir=Path(plan.run_dir) / "proxy-store",
+        admin_key_file=plan.admin_key_file,
+        id_prefix=sanitize_id(f"dressage-{plan.dag_id}-{plan.run_slug}"),
+        partial_rollout=plan.partial_rollout,
+    )
+    try:
+        services = start(launcher, service_plan)
+    except LaunchError as exc:  # retried: a port taken meanwhile, a slow machine
+        raise AirflowException(str(exc)) from exc
+    log.info("engine %s  proxy %s", services.engine_url, services.proxy_url)
+    return {
+        "launcher": launcher.options(),
+        "engine_url": services.engine_url,
+        "proxy_url": services.proxy_url,
+        "submission_ids": services.submission_ids,
+    }
+
+
+def stop_services(services: Mapping[str, Any]) -> dict[str, str]:
+    if not services.get("launcher"):
+        return {}
+    from dressage.launch.local import LocalLauncher
+    from dressage.launch.services import stop_services as stop
+
+    states = stop(LocalLauncher(**services["launcher"]), list(services["submission_ids"]))
+    log.info("services stopped: %s", states)
+    return states
+
+
+def prepare_job(
+    plan_data: Mapping[str, Any], services: Mapping[str, Any], report: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Write RUN.json and describe the training job for :class:`RunJobOperator`."""
+    plan = RunPlan.model_validate(plan_data)
+    run_config = plan.run_config(
+        student=str(report["student"]),
+        engine_url=services.get("engine_url"),
+        proxy_url=services.get("proxy_url"),
+    )
+    path = run_config.write(plan.run_config_path)
+    common: dict[str, Any] = {
+        "env": {"PYTHONUNBUFFERED": "1"},
+        "working_dir": plan.run_dir,
+        "timeout_s": plan.job_timeout_s,
+        "poll_s": plan.poll_s,
+        "outputs": {"output_dir": str(plan.output_dir)},
+    }
+    if plan.backend == "ray":
+        request = JobRequest(
+            launcher="ray",
+            launcher_options={"address": plan.ray_address},
+            entrypoint=train_entrypoint(path, python=plan.ray_python),
+            forward_env=["DRESSAGE_*", *report.get("runtime_env_keys", [])],
+            **common,
+        )
+    else:
+        request = JobRequest(
+            launcher="local",
+            launcher_options={"root": str(plan.jobs_dir)},
+            entrypoint=train_entrypoint(path, python=sys.executable),
+            secret_env_files={ADMIN_KEY_ENV: str(plan.admin_key_file)},
+            **common,
+        )
+    return request.model_dump(mode="json")
+
+
+def stage(
+    plan_data: Mapping[str, Any], result: Mapping[str, Any], report: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Plot the curves, then stage the job's output to the artifact root (manifest last)."""
+    from dressage.reporting.curves import plot_curves
+    from dressage.reporting.metrics import read_metrics
+    from dressage.staging.stage import StagingError, stage_run
+
+    plan = RunPlan.model_validate(plan_data)
+    output = Path(result["outputs"]["output_dir"])
+    metrics = output / "metrics.jsonl"
+    if metrics.is_file():
+        plot_curves(
+            read_metrics(metrics), output / "curves.png", title=f"{plan.dag_id} {plan.run_id}"
+        )
+    metadata = {
+        "dag_id": plan.dag_id,
+        "run_id": plan.run_id,
+        "objective": plan.objective,
+        "backend": plan.backend,
+        "steps": plan.steps,
+        "teachers": list(report.get("teachers", [])) if plan.objective == "mopd" else [],
+    }
+    try:
+        staged = stage_run(str(output), plan.artifact_url, metadata=metadata)
+    except StagingError as exc:
+        raise AirflowFailException(f"staging to {plan.artifact_url} failed: {exc}") from exc
+    verb = "already staged" if staged.already_staged else f"staged {staged.files_copied} files"
+    log.info("%s: %d rollouts at %s", verb, len(staged.rollouts), staged.url)
+    return staged.to_dict()
+
+
+def check_table(staged: Mapping[str, Any], kind: str, report: Mapping[str, Any]) -> dict[str, Any]:
+    """pandera checks of one table kind over the staged run; any failure fails the task."""
+    from dressage.staging.checks import check_run_tables, describe_failures
+
+    result = check_run_tables(str(staged["url"]), kind, vocab_size=report.get("vocab_size"))
+    if not result["ok"]:
+        raise AirflowFailException(
+            f"{kind} checks failed for {staged['url']} (report: {result['report_url']}):\n"
+            f"{describe_failures(result)}"
+        )
+    log.info("%s: %d rows in %d rollouts pass", kind, result["rows"], len(result["rollouts"]))
+    return {
+        "table": kind,
+        "rows": result["rows"],
+        "rollouts": len(result["rollouts"]),
+        "report_url": result["report_url"],
+    }
+
+
+def publish(
+    plan_data: Mapping[str, Any],
+    staged: Mapping[str, Any],
+    checks: Sequence[Mapping[str, Any]],
+    context: Context,
+) -> dict[str, Any]:
+    """Asset events with the staged run's URL and check results; returns the run summary."""
+    from dressage.reporting.metrics import format_summary, parse_metrics, summarize
+    from dressage.staging import open_artifact
+
+    plan = RunPlan.model_validate(plan_data)
+    url = str(staged["url"])
+    for check in checks:
+        asset = ASSETS[plan.objective][str(check["table"])]
+        context["outlet_events"][asset].extra = {
+            "url": url,
+            "report": check["report_url"],
+            "rows": check["rows"],
+            "rollouts": check["rollouts"],
+            "dag_id": plan.dag_id,
+            "run_id": plan.run_id,
+        }
+    run = open_artifact(url)
+    blobs = run.manifest.blobs
+    records = (
+        parse_metrics(run.read_blob("metrics.jsonl").decode()) if "metrics.jsonl" in blobs else []
+    )
+    summary = summarize(
+        records,
+        teachers=run.manifest.metadata.get("teachers", []),
+        url=url,
+        curves=f"{url}/{blobs['curves.png'].path}" if "curves.png" in blobs else None,
+    )
+    text = format_summary(summary)
+    log.info("%s", text)
+    return {"summary": summary.to_dict(), "text": text}
+
+
+# -- the validation DAG -----------------------------------------------------------------------
+
+
+def load_validation(context: Context, *, project_dir: Path) -> dict[str, Any]:
+    """Resolve the Params and load the config; an unloadable config fails here, listing all."""
+    from dressage.launch.preflight import load_config
+
+    params = context["params"]
+    config_path = str(resolve_path(str(params["mopd_config"]), project_dir))
+    student = params.get("student") or None
+    if student and not str(student).startswith("tiny:"):
+        student = str(resolve_path(str(student), project_dir))
+    run_dir = resolve_path(str(params["run_root"]), project_dir)
+    run_dir = run_dir / context["dag"].dag_id / sanitize_id(context["run_id"])
+    spec = {
+        "config": config_path,
+        "student": student,
+        "objective": params["objective"],
+        "report_path": str(run_dir / "report.json"),
+    }
+    config, problems = load_config(config_path)
+    if config is None:
+        report = {**spec, "ok": False, "problems": _problems(problems)}
+        _write_json(Path(spec["report_path"]), report)
+        listed = _lines(report["problems"])
+        raise AirflowFailException(
+            f"{config_path} is invalid:\n{listed}\nreport: {spec['report_path']}"
+        )
+    return spec
+
+
+def check_routes(spec: Mapping[str, Any]) -> dict[str, Any]:
+    from dressage.launch.preflight import load_config, route_problems
+
+    config, _ = load_config(str(spec["config"]))
+    assert config is not None  # load_validation refused an unloadable config
+    problems, warnings = route_problems(config)
+    return {"problems": _problems(problems), "warnings": _problems(warnings)}
+
+
+def check_checkpoints(spec: Mapping[str, Any]) -> dict[str, Any]:
+    from dressage.launch.preflight import checkpoint_problems, load_config
+
+    config, _ = load_config(str(spec["config"]))
+    assert config is not None
+    problems, vocab = checkpoint_problems(
+        config, student=spec.get("student"), objective=spec["objective"]
+    )
+    return {"problems": _problems(problems), "vocab_size": vocab}
+
+
+def validation_verdict(
+    spec: Mapping[str, Any], routes: Mapping[str, Any], checkpoints: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One report of every problem; written beside the run, and the task fails if any."""
+    problems = [*routes["problems"], *checkpoints["problems"]]
+    report = {
+        **spec,
+        "ok": not problems,
+        "problems": problems,
+        "warnings": routes["warnings"],
+        "vocab_size": checkpoints.get("vocab_size"),
+    }
+    path = _write_json(Path(spec["report_path"]), report)
+    if problems:
+        raise AirflowFailException(
+            f"{spec['config']}: {len(problems)} problem(s):\n{_lines(problems)}\nreport: {path}"
+        )
+    log.info("ok: %s (report: %s)", spec["config"], path)
+    return report

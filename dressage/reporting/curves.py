@@ -1,0 +1,84 @@
+"""The learning curves of a run as one PNG: reverse KL and reward per teacher over the steps.
+
+    python -m dressage.reporting.curves runs/x/output/metrics.jsonl runs/x/output/curves.png
+
+Each teacher gets one hue: its raw step values as a thin light line, a centred rolling mean as
+a thick dark one. Rendered with matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dressage.reporting.metrics import REVERSE_KL, REWARD, Family, read_metrics, series
+
+__all__ = ["plot_curves", "rolling_mean"]
+
+
+def rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """Centred moving average; near the ends it averages the neighbours that exist."""
+    half = max(window, 1) // 2
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - half) : i + half + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def _window(n: int) -> int:
+    return max(3, (n // 8) | 1)  # odd, about an eighth of the run
+
+
+def plot_curves(
+    records: Sequence[dict[str, Any]],
+    out: str | Path,
+    *,
+    families: Sequence[Family] = (REVERSE_KL, REWARD),
+    title: str | None = None,
+) -> Path:
+    """Write the PNG to ``out``; a family without data gets a panel that says so."""
+    from matplotlib.colors import to_rgb
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.6 * len(families)), layout="constrained")
+    axes = fig.subplots(len(families), 1, squeeze=False)[:, 0]
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    for ax, family in zip(axes, families, strict=True):
+        found = series(records, family)
+        for i, (teacher, points) in enumerate(sorted(found.items())):
+            steps = [s for s, _ in points]
+            values = [v for _, v in points]
+            colour = to_rgb(palette[i % len(palette)])
+            dark = tuple(0.7 * c for c in colour)
+            ax.plot(steps, values, color=colour, alpha=0.35, linewidth=1)
+            smooth = rolling_mean(values, _window(len(values)))
+            ax.plot(steps, smooth, color=dark, linewidth=2.2, label=teacher)
+        if found:
+            ax.legend(title="teacher", fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(family.title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: python -m dressage.reporting.curves METRICS_JSONL OUT_PNG", file=sys.stderr)
+        return 2
+    print(plot_curves(read_metrics(args[0]), args[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Per-teacher series out of a run's ``metrics.jsonl``, and the run summary built from them.
+
+    records = read_metrics("runs/x/output/metrics.jsonl")
+    kl = series(records, REVERSE_KL)        # {"calculator": [(0, 0.91), (1, 0.87), ...], ...}
+    print(format_summary(summarize(records, url="file:///runs/artifacts/...")))
+
+A family of metrics is per teacher when the job logs ``<prefix><teacher_id>`` keys; otherwise
+its run-wide key (``train/mopd_reverse_kl``, ...) gives one series labelled ``all``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "REVERSE_KL",
+    "REWARD",
+    "Family",
+    "RunSummary",
+    "format_summary",
+    "parse_metrics",
+    "read_metrics",
+    "series",
+    "summarize",
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    title: str
+    per_teacher: tuple[str, ...]
+    overall: tuple[str, ...]
+
+
+REVERSE_KL = Family(
+    "reverse KL (student || teacher)",
+    per_teacher=("rollout/mopd/opd_reverse_kl_train_aggregation_mean/",),
+    overall=("train/mopd_reverse_kl",),
+)
+REWARD = Family(
+    "reward",
+    per_teacher=(
+        "rollout/mopd/raw_reward_trainable_trajectory_mean/",
+        "rollout/raw_reward_trainable_trajectory_mean/",
+    ),
+    overall=("rollout/raw_reward", "rollout/reward_mean", "train/reward"),
+)
+
+Series = dict[str, list[tuple[int, float]]]
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every record of a metrics.jsonl file (see :func:`parse_metrics`)."""
+    return parse_metrics(Path(path).read_text())
+
+
+def parse_metrics(text: str) -> list[dict[str, Any]]:
+    """Every record of metrics.jsonl text, sorted by step; a torn last line is skipped."""
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("metrics"), dict):
+            records.append(record)
+    return sorted(records, key=lambda r: int(r.get("step", 0)))
+
+
+def _points(records: Iterable[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    out = []
+    for r in records:
+        value = r["metrics"].get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out.append((int(r["step"]), float(value)))
+    return out
+
+
+def series(records: Sequence[dict[str, Any]], family: Family) -> Series:
+    """One (step, value) list per teacher, or ``{"all": ...}`` from the run-wide key."""
+    found: Series = {}
+    for prefix in family.per_teacher:
+        keys = sorted({k for r in records for k in r["metrics"] if k.startswith(prefix)})
+        for key in keys:
+            points = _points(records, key)
+            if points:
+                found.setdefault(key[len(prefix) :], points)
+    if found:
+        return found
+    for key in family.overall:
+        points = _points(records, key)
+        if points:
+            return {"all": points}
+    return {}
+
+
+@dataclass
+class TeacherSummary:
+    teacher: str
+    reverse_kl: tuple[float, float] | None = None
+    """(first, last) step values."""
+    reward: tuple[float, float] | None = None
+
+
+@dataclass
+class RunSummary:
+    steps: int
+    teachers: list[TeacherSummary] = field(default_factory=list)
+    url: str | None = None
+    curves: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "url": self.url,
+            "curves": self.curves,
+            "teachers": {
+                t.teacher: {
+                    "reverse_kl": list(t.reverse_kl) if t.reverse_kl else None,
+                    "reward": list(t.reward) if t.reward else None,
+                }
+                for t in self.teachers
+            },
+        }
+
+
+def _ends(points: list[tuple[int, float]] | None) -> tuple[float, float] | None:
+    return (points[0][1], points[-1][1]) if points else None
+
+
+def summarize(
+    records: Sequence[dict[str, Any]],
+    *,
+    teachers: Iterable[str] = (),
+    url: str | None = None,
+    curves: str | None = None,
+) -> RunSummary:
+    kl, reward = series(records, REVERSE_KL), series(records, REWARD)
+    names = list(dict.fromkeys([*teachers, *kl, *reward]))
+    steps = len({int(r["step"]) for r in records})
+    rows = [TeacherSummary(n, _ends(kl.get(n)), _ends(reward.get(n))) for n in names]
+    return RunSummary(steps=steps, teachers=rows, url=url, curves=curves)
+
+
+def _pair(values: tuple[float, float] | None) -> str:
+    return "-" if values is None else f"{values[0]:.4f} -> {values[1]:.4f}"
+
+
+def format_summary(summary: RunSummary) -> str:
+    """The end-of-run table: teachers, steps, reverse KL and reward (first -> last step)."""
+    width = max([len("teacher"), *(len(t.teacher) for t in summary.teachers)])
+    lines = [f"steps: {summary.steps}   teachers: {len(summary.teachers)}"]
+    lines.append(
+        f"  {'teacher':<{width}}  {'reverse KL (first -> last)':<28}  reward (first -> last)"
+    )
+    for t in summary.teachers:
+        lines.append(f"  {t.teacher:<{width}}  {_pair(t.reverse_kl):<28}  {_pair(t.reward)}")
+    if summary.url:
+        lines.append(f"artifacts: {summary.url}")
+    if summary.curves:
+        lines.append(f"curves:    {summary.curves}")
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""The training DAGs through dag.test() on the embedded default, with the contract job.
+
+Real services (the embedded engine and the recording proxy) start and stop around a real job
+process; the job is tests/airflow/contract_job.py (selected through DRESSAGE_JOB_MODULE), so
+these tests cover the orchestration, not the trainer: launch, deferral, staging, pandera checks,
+Assets, and every failure path named by the issue.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dressage.staging import ArtifactError, open_artifact, validate_artifact
+from tests.airflow import harness
+from tests.staging.read_only import read_only_folder
+
+pytestmark = pytest.mark.integration
+
+CONTRACT_KEYS = {
+    "objective",
+    "mopd_config",
+    "student",
+    "engine_url",
+    "proxy_url",
+    "output_dir",
+    "num_steps",
+    "seed",
+    "rollout_batch_size",
+    "advanced",
+}
+
+
+def _conf(tmp_path: Path, artifact_root: Path | None = None, **job: Any) -> dict[str, Any]:
+    return {
+        "steps": 3,
+        "run_root": str(tmp_path / "runs"),
+        "artifact_root": str(artifact_root or tmp_path / "artifacts"),
+        "poll_seconds": 0.5,
+        "extra": {"contract_job": job} if job else {},
+    }
+
+
+def _run_dir(tmp_path: Path, dag_id: str) -> Path:
+    (found,) = (tmp_path / "runs" / dag_id).iterdir()
+    return found
+
+
+def _job_states(run_dir: Path) -> dict[str, str]:
+    out = {}
+    for exit_file in (run_dir / "jobs").glob("*/exit.json"):
+        if ".attempt-" not in exit_file.parent.name:  # earlier attempts are kept as evidence
+            name = exit_file.parent.name.rsplit("-", 1)[-1]
+            out[name] = json.loads(exit_file.read_text())["state"]
+    return out
+
+
+def _logs(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> str:
+    captured = capfd.readouterr()
+    return caplog.text + captured.out + captured.err
+
+
+def test_mopd_end_to_end(
+    airflow_db: None,
+    contract_job: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level("INFO")
+    run = harness.run_dag("dressage_mopd", _conf(tmp_path))
+    assert run.state == "success", harness.states(run)
+    assert set(harness.states(run).values()) == {"success"}
+    run_dir = _run_dir(tmp_path, "dressage_mopd")
+
+    staged = harness.xcom(run, "stage")
+    url = staged["url"]
+    assert url == f"{(tmp_path / 'artifacts').as_uri()}/dressage_mopd/{run_dir.name}"
+    manifest = open_artifact(url).manifest
+    assert sorted(manifest.metadata["rollouts"]) == [f"rollout-{i:05d}" for i in range(3)]
+    assert set(manifest.blobs) == {"metrics.jsonl", "summary.json", "curves.png"}
+    assert open_artifact(url).read_blob("curves.png").startswith(b"\x89PNG")
+    for name in manifest.metadata["rollouts"]:
+        assert validate_artifact(f"{url}/{name}")["ok"]
+    for kind in ("segments", "train_data"):
+        report = json.loads(
+            (Path(url.removeprefix("file://")) / "checks" / f"{kind}.json").read_text()
+        )
+        assert report["ok"] and report["rows"] == 12
+
+    events = dict(harness.asset_events(run))
+    assert set(events) == {"dressage://mopd/segments", "dressage://mopd/train_data"}
+    assert all(e["url"] == url and e["rows"] == 12 for e in events.values())
+
+    summary = harness.xcom(run, "publish")["summary"]
+    assert summary["steps"] == 3 and set(summary["teachers"]) == {"calculator", "lookup"}
+    first, last = summary["teachers"]["lookup"]["reverse_kl"]
+    assert last < first
+
+    run_json = json.loads((run_dir / "run.json").read_text())
+    assert set(run_json) == CONTRACT_KEYS  # the embedded RUN.json carries exactly the contract
+    assert run_json["objective"] == "mopd" and run_json["num_steps"] == 3
+    assert run_json["proxy_url"].startswith("http://127.0.0.1:")
+
+    key_file = run_dir / "secrets" / "proxy_admin_key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = key_file.read_text().strip()
+    on_disk = [p.read_text() for p in run_dir.glob("jobs/*/state.json")] + [json.dumps(run_json)]
+    assert key not in harness.all_xcom_text(run) and not any(key in text for text in on_disk)
+
+    assert _job_states(run_dir) == {"engine": "STOPPED", "proxy": "STOPPED", "train": "SUCCEEDED"}
+    logs = _logs(caplog, capfd)
+    assert "job | step 3/3" in logs  # the job's progress streams through the trigger
+    assert "proxy_url healthy" in logs
+
+
+def test_failing_job_fails_the_task_with_its_log_tail(
+    airflow_db: None,
+    contract_job: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level("INFO")
+    run = harness.run_dag("dressage_mopd", _conf(tmp_path, fail_at_step=1))
+    states = harness.states(run)
+    assert run.state == "failed"
+    assert states["train"] == "failed"
+    assert states["stage"] == states["publish"] == "upstream_failed"
+    assert states["stop_services"] == "success"  # teardown runs whatever happens
+    logs = _logs(caplog, capfd)
+    assert "FAILED: exit code 3" in logs
+    assert "--- last 40 lines of its log" in logs
+    assert "RuntimeError: contract job fails at step 1 as asked" in logs
+    assert harness.asset_events(run) == []
+    states_on_disk = _job_states(_run_dir(tmp_path, "dressage_mopd"))
+    assert states_on_disk == {"engine": "STOPPED", "proxy": "STOPPED", "train": "FAILED"}
+
+
+def test_failing_pandera_check_stores_its_report_and_publishes_nothing(
+    airflow_db: None, contract_job: None, tmp_path: Path
+) -> None:
+    run = harness.run_dag("dressage_rl", _conf(tmp_path, bad_train_data=True))
+    states = harness.states(run)
+    assert run.state == "failed"
+    assert states["train"] == states["stage"] == states["check_segments"] == "success"
+    assert states["check_train_data"] == "failed"
+    assert states["publish"] == "upstream_failed"
+    assert harness.asset_events(run) == []
+    run_json = json.loads((_run_dir(tmp_path, "dressage_rl") / "run.json").read_text())
+    assert run_json["objective"] == "grpo" and run_json["advanced"]["partial_rollout"] is True
+
+    url = harness.xcom(run, "stage")["url"]
+    report_path = Path(url.removeprefix("file://")) / "checks" / "train_data.json"
+    report = json.loads(report_path.read_text())
+    assert report["ok"] is False and report["rows"] == 12
+    failures = [f for r in report["rollouts"].values() for f in r["failures"]]
+    assert {(f["check"], f["column"]) for f in failures} == {
+        ("logprobs_finite_nonpositive", "rollout_log_probs")
+    }
+    assert all(f["count"] == 4 and f["ids"] for f in failures)
+
+
+def test_read_only_artifact_root_fails_and_stages_nothing(
+    airflow_db: None,
+    contract_job: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level("INFO")
+    with read_only_folder(tmp_path / "read-only") as root:
+        run = harness.run_dag("dressage_mopd", _conf(tmp_path, artifact_root=root, step_sleep_s=0))
+        states = harness.states(run)
+        assert run.state == "failed"
+        assert states["train"] == "success" and states["stage"] == "failed"
+        assert states["check_segments"] == states["publish"] == "upstream_failed"
+        assert list(root.iterdir()) == []
+        with pytest.raises(ArtifactError):
+            open_artifact(f"{root.as_uri()}/dressage_mopd/x")
+    logs = _logs(caplog, capfd)
+    assert f"staging to {root.as_uri()}/dressage_mopd/" in logs
+    assert "cannot write to" in logs and "Operation not permitted" in logs
+    assert harness.asset_events(run) == []
+
+
+def test_an_unreachable_ray_address_fails_validation_naming_it(
+    airflow_db: None, tmp_path: Path
+) -> None:
+    from tests.helpers import free_port
+
+    address = f"http://127.0.0.1:{free_port()}"
+    run = harness.run_dag(
+        "dressage_mopd", {**_conf(tmp_path), "backend": "ray", "ray_address": address}
+    )
+    states = harness.states(run)
+    assert run.state == "failed" and states["validate"] == "failed"
+    assert states["start_services"] == states["train"] == "upstream_failed"
+    report = json.loads((_run_dir(tmp_path, "dressage_mopd") / "preflight.json").read_text())
+    (problem,) = report["problems"]
+    assert problem["subject"] == "ray_address"
+    assert f"the Ray dashboard at {address} is unreachable" in problem["message"]

@@ -1,0 +1,86 @@
+"""dressage_validate through dag.test(): the embedded config passes; broken configs fail closed
+with a JSON report that names every culprit (teacher, dataset, reward module)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.airflow import harness
+
+pytestmark = pytest.mark.integration
+
+EMBEDDED = harness.REPO / "configs/mopd/embedded.json"
+
+
+def _config(tmp_path: Path, **changes: Any) -> Path:
+    data = json.loads(EMBEDDED.read_text())
+    for ds in data["datasets"]:
+        ds["path"] = str(EMBEDDED.parent / ds["path"])
+    data.update(changes)
+    path = tmp_path / "mopd.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _run(tmp_path: Path, config: Path | str) -> tuple[Any, dict[str, Any]]:
+    run = harness.run_dag(
+        "dressage_validate", {"mopd_config": str(config), "run_root": str(tmp_path / "runs")}
+    )
+    reports = list((tmp_path / "runs" / "dressage_validate").glob("*/report.json"))
+    assert len(reports) == 1
+    return run, json.loads(reports[0].read_text())
+
+
+def test_embedded_config_passes(airflow_db: None, tmp_path: Path) -> None:
+    run, report = _run(tmp_path, EMBEDDED)
+    assert run.state == "success", harness.states(run)
+    assert report["ok"] and report["problems"] == []
+    assert report["vocab_size"] and report["vocab_size"] > 1000
+    assert harness.xcom(run, "report")["ok"] is True
+
+
+def test_mismatched_and_missing_checkpoints_and_modules_are_all_reported(
+    airflow_db: None, tmp_path: Path
+) -> None:
+    config = _config(
+        tmp_path,
+        teachers={
+            "calculator": {"load": "tiny:seed=1,hidden_size=32"},  # another architecture
+            "lookup": {"load": str(tmp_path / "no-such-checkpoint")},
+        },
+        reward_modules=["dressage.reward.builtin", "no_such_reward_module"],
+    )
+    run, report = _run(tmp_path, config)
+    assert run.state == "failed"
+    states = harness.states(run)
+    assert states["load_config"] == "success" and states["report"] == "failed"
+    by_subject: dict[str, str] = {}
+    for problem in report["problems"]:
+        by_subject[problem["subject"]] = by_subject.get(problem["subject"], "") + problem["message"]
+    assert "hidden_size 32 != student's 64" in by_subject["teacher 'calculator'"]
+    assert "tensors differ from the student's" in by_subject["teacher 'calculator'"]
+    assert "does not exist" in by_subject["teacher 'lookup'"]
+    assert (
+        "No module named 'no_such_reward_module'"
+        in by_subject["reward module 'no_such_reward_module'"]
+    )
+    assert report["ok"] is False
+
+
+def test_a_dataset_without_its_teacher_fails_at_load(airflow_db: None, tmp_path: Path) -> None:
+    data = json.loads(EMBEDDED.read_text())
+    data["datasets"][1]["teacher_id"] = "retrieval"  # no such teacher
+    data["datasets"][0]["weight"] = 0
+    config = _config(tmp_path, datasets=data["datasets"])
+    run, report = _run(tmp_path, config)
+    assert run.state == "failed"
+    states = harness.states(run)
+    assert states["load_config"] == "failed"
+    assert states["check_routes"] == states["check_checkpoints"] == "upstream_failed"
+    messages = {p["subject"]: p["message"] for p in report["problems"]}
+    assert "teacher_id 'retrieval' is not a teacher" in messages["dataset 'lookup'"]
+    assert "weight must be > 0" in messages["dataset 'calculator'"]

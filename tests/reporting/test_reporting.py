@@ -1,0 +1,82 @@
+"""Run reports: per-teacher series from metrics.jsonl, the summary table, the curves PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dressage.reporting.curves import main, plot_curves, rolling_mean
+from dressage.reporting.metrics import (
+    REVERSE_KL,
+    REWARD,
+    format_summary,
+    read_metrics,
+    series,
+    summarize,
+)
+
+pytestmark = pytest.mark.unit
+
+KL = "rollout/mopd/opd_reverse_kl_train_aggregation_mean/"
+RW = "rollout/mopd/raw_reward_trainable_trajectory_mean/"
+
+
+def _records(steps: int) -> list[dict[str, Any]]:
+    out = []
+    for s in range(steps):
+        metrics: dict[str, Any] = {"train/mopd_reverse_kl": 1.0 / (s + 1)}
+        for k, teacher in enumerate(["lookup", "calculator"]):
+            metrics[KL + teacher] = (1 + k) * math.exp(-0.2 * s)
+            metrics[RW + teacher] = 0.1 * s + k
+        out.append({"step": s, "time": float(s), "metrics": metrics})
+    return out
+
+
+def test_series_per_teacher_and_the_run_wide_fallback() -> None:
+    records = _records(4)
+    kl = series(records, REVERSE_KL)
+    assert sorted(kl) == ["calculator", "lookup"]
+    assert [s for s, _ in kl["lookup"]] == [0, 1, 2, 3]
+    overall = [
+        {**r, "metrics": {"train/mopd_reverse_kl": r["metrics"]["train/mopd_reverse_kl"]}}
+        for r in records
+    ]
+    assert list(series(overall, REVERSE_KL)) == ["all"]
+    assert series(overall, REWARD) == {}
+
+
+def test_rolling_mean_is_centred() -> None:
+    assert rolling_mean([0.0, 3.0, 6.0, 9.0], 3) == [1.5, 3.0, 6.0, 7.5]
+    assert rolling_mean([5.0], 7) == [5.0]
+
+
+def test_summary_reports_first_and_last_values(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps(r) for r in reversed(_records(5))]  # out of order on purpose
+    path.write_text("\n".join(lines) + '\n{"step": 9, "tor')  # and a torn last line
+    summary = summarize(read_metrics(path), teachers=["lookup"], url="file:///x")
+    assert summary.steps == 5
+    assert [t.teacher for t in summary.teachers] == ["lookup", "calculator"]
+    lookup = summary.teachers[0]
+    assert lookup.reverse_kl == (1.0, pytest.approx(math.exp(-0.8)))
+    assert lookup.reward == (0.0, pytest.approx(0.4))
+    text = format_summary(summary)
+    assert "steps: 5   teachers: 2" in text and "1.0000 -> 0.4493" in text
+    assert "artifacts: file:///x" in text
+    assert summary.to_dict()["teachers"]["calculator"]["reward"] == [1.0, pytest.approx(1.4)]
+
+
+def test_curves_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = plot_curves(_records(30), tmp_path / "c" / "curves.png", title="t")
+    data = out.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 20_000
+    empty = plot_curves([], tmp_path / "empty.png")  # panels that say "no data"
+    assert empty.read_bytes().startswith(b"\x89PNG")
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("\n".join(json.dumps(r) for r in _records(3)))
+    assert main([str(metrics), str(tmp_path / "cli.png")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "cli.png")
