@@ -15,8 +15,9 @@
 Every dataset names its teacher: there is no default teacher, by design, so a sample can never
 be distilled from a teacher nobody chose. Path values may use ``${VAR}`` (an unset variable is
 an error) and are resolved against the config file's folder when relative; ``tiny:seed=1`` (also
-``vocab=qwen3``, ``hidden_size=32``, ...) names a tiny model from :mod:`dressage.assets`, built
-on first use by :meth:`MopdConfig.materialize`.
+``vocab=qwen3``, ``hidden_size=32``, ...) names a tiny model from :mod:`dressage.assets`, and
+``tiny-sft:task=calculator[,seed=0,steps=32,...]`` a tiny model fine-tuned on a task
+(:mod:`dressage.assets.teachers`), both built on first use by :meth:`MopdConfig.materialize`.
 
 Check a config and a slime command line's options against the MOPD objective::
 
@@ -118,6 +119,9 @@ class DatasetSpec(_Strict):
     input_key: str | None = None
     label_key: str | None = None
     metadata_key: str | None = None
+    eval_path: str | None = None
+    """Held-out rows of the same task, never trained on: the embedded job measures the exact
+    reverse KL to the dataset's teacher on them after every step."""
 
 
 class MopdConfig(_Strict):
@@ -128,7 +132,8 @@ class MopdConfig(_Strict):
     student: StudentSpec | None = None
 
     def materialize(self) -> MopdConfig:
-        """A copy whose ``tiny:`` checkpoints are built and replaced by their folders."""
+        """A copy whose ``tiny:``/``tiny-sft:`` checkpoints are built and replaced by their
+        folders."""
 
         def real(value: str | None) -> str | None:
             return None if value is None else str(resolve_checkpoint(value))
@@ -246,7 +251,7 @@ def _expand(value: str, subject: str, base: Path, problems: list[Problem]) -> st
         return found
 
     expanded = _PLACEHOLDER.sub(sub, value)
-    if expanded.startswith("tiny:") or "://" in expanded:
+    if expanded.startswith(("tiny:", "tiny-sft:")) or "://" in expanded:
         return expanded
     path = Path(expanded).expanduser()
     return str(path if path.is_absolute() else (base / path).resolve())
@@ -266,7 +271,12 @@ def _resolve_paths(config: MopdConfig, base: Path, problems: list[Problem]) -> M
         for tid, t in config.teachers.items()
     }
     datasets = [
-        d.model_copy(update={"path": fix(d.path, f"dataset {d.name!r} path")})
+        d.model_copy(
+            update={
+                "path": fix(d.path, f"dataset {d.name!r} path"),
+                "eval_path": fix(d.eval_path, f"dataset {d.name!r} eval_path"),
+            }
+        )
         for d in config.datasets
     ]
     student = config.student
@@ -283,7 +293,12 @@ def _resolve_paths(config: MopdConfig, base: Path, problems: list[Problem]) -> M
 
 
 def resolve_checkpoint(value: str) -> Path:
-    """A checkpoint folder for a path or a ``tiny:key=value,...`` tiny-model spec."""
+    """A checkpoint folder for a path, a ``tiny:key=value,...`` tiny-model spec or a
+    ``tiny-sft:task=...,key=value`` fine-tuned tiny-model spec."""
+    if value.startswith("tiny-sft:"):
+        from dressage.assets.teachers import parse_teacher_spec, tiny_teacher_dir
+
+        return tiny_teacher_dir(parse_teacher_spec(value))
     if not value.startswith("tiny:"):
         return Path(value)
     from dataclasses import fields as dc_fields
@@ -342,6 +357,8 @@ def _config_problems(config: MopdConfig, *, check_paths: bool) -> list[Problem]:
             )
         if check_paths and "://" not in ds.path and not Path(ds.path).is_file():
             problems.append(Problem(subject, f"path {ds.path} does not exist"))
+        if check_paths and ds.eval_path and not Path(ds.eval_path).is_file():
+            problems.append(Problem(subject, f"eval_path {ds.eval_path} does not exist"))
     for module in config.reward_modules:
         if not _DOTTED.match(module) and not re.match(r"^[A-Za-z_]\w*$", module):
             problems.append(Problem(f"reward module {module!r}", "not a dotted module path"))

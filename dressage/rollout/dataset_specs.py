@@ -54,6 +54,8 @@ class PromptDataset(BaseModel):
     input_key: str | None = None
     label_key: str | None = None
     metadata_key: str | None = None
+    eval_path: str | None = None
+    """Held-out rows (never sampled for training; see dressage.training.embedded.probe)."""
 
     @model_validator(mode="after")
     def _semantics(self) -> PromptDataset:

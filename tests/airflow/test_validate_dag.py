@@ -20,6 +20,7 @@ def _config(tmp_path: Path, **changes: Any) -> Path:
     data = json.loads(EMBEDDED.read_text())
     for ds in data["datasets"]:
         ds["path"] = str(EMBEDDED.parent / ds["path"])
+        ds["eval_path"] = str(EMBEDDED.parent / ds["eval_path"])
     data.update(changes)
     path = tmp_path / "mopd.json"
     path.write_text(json.dumps(data))

@@ -200,6 +200,7 @@ def test_the_mopd_dag_runs_its_job_on_ray(
     config = json.loads((harness.REPO / "configs/mopd/embedded.json").read_text())
     for ds in config["datasets"]:
         ds["path"] = str(harness.REPO / "configs/mopd" / ds["path"])
+        ds["eval_path"] = str(harness.REPO / "configs/mopd" / ds["eval_path"])
     config["runtime_env_keys"] = ["PYTHONPATH"]  # the Ray job imports the contract job by it
     (tmp_path / "mopd.json").write_text(json.dumps(config))
     monkeypatch.setenv("DRESSAGE_JOB_MODULE", "tests.airflow.contract_job")

@@ -13,8 +13,12 @@ from typing import Any
 
 import pytest
 
-from dressage.assets import tiny_model_dir
-from dressage.config.mopd import MOPD_HOOKS, MopdConfigError, load_mopd_config
+from dressage.config.mopd import (
+    MOPD_HOOKS,
+    MopdConfigError,
+    load_mopd_config,
+    resolve_checkpoint,
+)
 from dressage.launch.mopd_run import MopdRunConfig
 from dressage.launch.slime_command import (
     build_mopd_command,
@@ -62,7 +66,7 @@ def test_the_command_carries_every_mopd_flag(tmp_path: Path) -> None:
     expected = {
         "--mopd-config": str(out / "mopd_config.resolved.json"),
         "--mopd-metrics-dir": str(out / "metrics"),
-        "--hf-checkpoint": str(tiny_model_dir()),
+        "--hf-checkpoint": _checkpoint("student"),
         "--tensor-model-parallel-size": "4",
         "--context-parallel-size": "2",
         "--rollout-batch-size": "16",
@@ -114,7 +118,7 @@ def test_job_identity_and_files(tmp_path: Path) -> None:
         "env_vars": {"DRESSAGE_MOPD_TEACHER_CONFIG": str(job.resolved_config)}
     }
     resolved = load_mopd_config(job.resolved_config)
-    assert resolved.teachers["calculator"].load == str(tiny_model_dir_for_seed(1))
+    assert resolved.teachers["calculator"].load == _checkpoint("calculator")
     assert job.metrics_dir.is_dir()
     submit = submit_argv(job, "http://head:8265")
     assert submit[:3] == ["ray", "job", "submit"]
@@ -122,10 +126,13 @@ def test_job_identity_and_files(tmp_path: Path) -> None:
     assert submit[submit.index("--") + 1 :] == job.argv
 
 
-def tiny_model_dir_for_seed(seed: int) -> Path:
-    from dressage.assets import TinyModelSpec
-
-    return tiny_model_dir(TinyModelSpec(seed=seed))
+def _checkpoint(name: str) -> str:
+    """The folder the shipped embedded config's spec for the student or a teacher builds."""
+    config = load_mopd_config(EMBEDDED)
+    assert config.student is not None
+    spec = config.student.hf_checkpoint if name == "student" else config.teachers[name].load
+    assert spec.startswith(("tiny:", "tiny-sft:")), spec
+    return str(resolve_checkpoint(spec))
 
 
 # -- fail closed ------------------------------------------------------------------------------
@@ -148,6 +155,7 @@ def test_missing_checkpoints_are_named(tmp_path: Path) -> None:
     config["teachers"]["lookup"]["load"] = str(tmp_path / "gone")
     for ds in config["datasets"]:
         ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+        ds["eval_path"] = str(REPO / "configs/mopd" / ds["eval_path"])
     (tmp_path / "mopd.json").write_text(json.dumps(config))
     message = _problems(tmp_path, mopd_config=str(tmp_path / "mopd.json"))
     assert f"teacher 'lookup': {tmp_path / 'gone'} does not exist" in message
@@ -158,6 +166,7 @@ def test_mismatched_teacher_vocabulary_is_named(tmp_path: Path) -> None:
     config["teachers"]["lookup"]["load"] = "tiny:vocab=qwen3"
     for ds in config["datasets"]:
         ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+        ds["eval_path"] = str(REPO / "configs/mopd" / ds["eval_path"])
     (tmp_path / "mopd.json").write_text(json.dumps(config))
     message = _problems(tmp_path, mopd_config=str(tmp_path / "mopd.json"))
     assert "teacher 'lookup': tokenizer differs from the student's" in message
@@ -179,6 +188,7 @@ def test_runtime_env_keys_are_forwarded_not_printed(tmp_path: Path) -> None:
     config["runtime_env_keys"] = ["SEARCH_API_KEY"]
     for ds in config["datasets"]:
         ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+        ds["eval_path"] = str(REPO / "configs/mopd" / ds["eval_path"])
     (tmp_path / "mopd.json").write_text(json.dumps(config))
     run = _run(tmp_path, mopd_config=str(tmp_path / "mopd.json"))
     assert "runtime_env_keys 'SEARCH_API_KEY'" in _problems(
@@ -333,6 +343,7 @@ def test_cli_exec_runs_the_command_with_the_forwarded_environment(tmp_path: Path
     config["runtime_env_keys"] = ["SEARCH_API_KEY"]
     for ds in config["datasets"]:
         ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+        ds["eval_path"] = str(REPO / "configs/mopd" / ds["eval_path"])
     (tmp_path / "mopd.json").write_text(json.dumps(config))
     cmd = ["-m", "dressage.launch.slime_command", "--mopd-config", str(tmp_path / "mopd.json")]
     cmd += ["--output-dir", str(tmp_path / "run"), "--no-check-imports", "--exec"]

@@ -298,6 +298,19 @@ def test_missing_dataset_file_is_named(tmp_path: Path) -> None:
     ]
 
 
+def test_eval_path_is_resolved_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    data = _config()
+    data["datasets"][0]["eval_path"] = "gsm.eval.jsonl"
+    for name in ("gsm.jsonl", "mbpp.jsonl"):
+        (tmp_path / name).write_text('{"input": "1+1", "label": "2"}\n')
+    config = load_mopd_config(_write(tmp_path, data))
+    assert config.datasets[0].eval_path == str(tmp_path / "gsm.eval.jsonl")
+    report = validate_mopd_run(config, mopd_args_defaults(), check_imports=False)
+    assert [str(p) for p in report.problems] == [
+        f"dataset 'gsm': eval_path {tmp_path / 'gsm.eval.jsonl'} does not exist"
+    ]
+
+
 def test_runtime_env_keys_must_be_present(tmp_path: Path) -> None:
     config = load_mopd_config(_write(tmp_path, _config(runtime_env_keys=["SEARCH_KEY", "HOME_X"])))
     kwargs: dict[str, Any] = {"check_imports": False, "check_paths": False}

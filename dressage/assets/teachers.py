@@ -1,0 +1,359 @@
+"""Tiny task teachers: a tiny model fine-tuned by plain next-token training on its task.
+
+    from dressage.assets.teachers import TinyTeacherSpec, tiny_teacher_dir
+    path = tiny_teacher_dir(TinyTeacherSpec(task="calculator"))    # built once, then cached
+
+    python -m dressage.assets.teachers calculator lookup          # build, print the evidence
+
+The MOPD config names one as ``tiny-sft:task=calculator[,seed=0,steps=48,...]`` (resolved by
+:func:`dressage.config.mopd.resolve_checkpoint`). Keys: ``task``; the base model's
+:class:`~dressage.assets.TinyModelSpec` fields (``seed``, ``vocab``, ``hidden_size``, ...); the
+recipe's ``steps``, ``lr``, ``batch_size``, ``examples``, ``data_seed``.
+
+Recipe. ``examples`` instances of the task (:mod:`dressage.agents.tasks`) become the transcript
+the built-in tool agent would leave at the proxy if it solved them perfectly: its system prompt,
+the task, the task's tools, thinking off; the assistant calls the tool, the tool answers, the
+assistant replies with the label. The token ids and the loss mask are built by the proxy's own
+TITO tokenizer, so the teacher is trained on exactly the contexts the proxy will score (the mask
+covers the assistant's tokens only). Then ``steps`` AdamW steps of mean next-token NLL over
+masked tokens, ``batch_size`` transcripts each, on CPU, seeded: the same recipe gives the same
+weights. The base defaults to the student's seed: teachers that specialise the student's own
+initialisation are what MOPD can reach on-policy (a teacher from another random init shares no
+embedding geometry with the student, and the student's samples say little about it).
+
+The folder holds the model, the tokenizer and ``sft_report.json``: the loss of every step and
+the mean log-prob of the answer tokens on held-out instances, for the base and the teacher.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dressage.assets._cache import cached_build
+from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from dressage.agents.tasks import TaskInstance
+    from dressage.proxy.tito import TITOTokenizer
+
+__all__ = [
+    "SPEC_PREFIX",
+    "Transcript",
+    "TinyTeacherSpec",
+    "answer_log_prob",
+    "parse_teacher_spec",
+    "teacher_transcripts",
+    "tiny_teacher_dir",
+]
+
+SPEC_PREFIX = "tiny-sft:"
+_RECIPE_VERSION = 1
+_TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "added_tokens")
+HELDOUT_SEED = 10_000
+"""``data_seed`` offset of the held-out instances in the report (never trained on)."""
+
+
+@dataclass(frozen=True)
+class TinyTeacherSpec:
+    """A teacher recipe: the base tiny model and the fine-tuning settings."""
+
+    task: str
+    base: TinyModelSpec = field(default_factory=TinyModelSpec)
+    steps: int = 32
+    lr: float = 6e-3
+    batch_size: int = 4
+    examples: int = 64
+    data_seed: int = 0
+    train_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        from dressage.agents.tasks import TASKS
+
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown or not self.tasks:
+            raise ValueError(
+                f"task {self.task!r}: tasks must be one or more of {TASKS}, '+'-joined"
+            )
+        if min(self.steps, self.batch_size, self.examples) < 1 or not self.lr > 0:
+            raise ValueError(f"teacher recipe needs positive steps/batch/examples/lr: {self}")
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """``calculator+lookup`` -> both: a mixture, instances interleaved task by task."""
+        return tuple(t for t in self.task.split("+") if t)
+
+
+def parse_teacher_spec(text: str) -> TinyTeacherSpec:
+    """``tiny-sft:task=lookup,seed=0,steps=24`` -> :class:`TinyTeacherSpec`."""
+    if not text.startswith(SPEC_PREFIX):
+        raise ValueError(f"{text!r} does not start with {SPEC_PREFIX!r}")
+    base_types: dict[str, Callable[[str], Any]] = {
+        f.name: type(f.default) for f in fields(TinyModelSpec)
+    }
+    own_types: dict[str, Callable[[str], Any]] = {
+        "task": str,
+        "steps": int,
+        "lr": float,
+        "batch_size": int,
+        "examples": int,
+        "data_seed": int,
+        "train_embeddings": _flag,
+    }
+    base: dict[str, Any] = {}
+    own: dict[str, Any] = {}
+    for item in filter(None, text[len(SPEC_PREFIX) :].split(",")):
+        key, sep, raw = item.partition("=")
+        kind = own_types.get(key) or base_types.get(key)
+        if not sep or kind is None:
+            known = sorted(own_types) + sorted(base_types)
+            raise ValueError(f"{text!r}: {item!r} is not key=value with key in {known}")
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ValueError(f"{text!r}: {key}={raw!r} is not a valid value") from None
+        (own if key in own_types else base)[key] = value
+    if "task" not in own:
+        raise ValueError(f"{text!r}: a teacher needs task=... (one of calculator, lookup)")
+    return TinyTeacherSpec(base=TinyModelSpec(**base), **own)
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean")
+
+
+# -- transcripts -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """Token ids of one ideal agent run and the mask of the assistant's tokens."""
+
+    ids: list[int]
+    loss_mask: list[int]
+
+
+def _assistant_output(
+    tito: TITOTokenizer, messages: list[dict[str, Any]], reply: dict[str, Any], options: Any
+) -> list[int]:
+    """Ids of ``reply`` as the model writes it: the rendered turn after the generation prompt,
+    through the turn closer (the template's newline after it belongs to the next prompt)."""
+    prompt = tito.render_conversation(messages, **options)
+    whole = tito.render_conversation([*messages, reply], add_generation_prompt=False, **options)
+    if not whole.startswith(prompt):
+        raise RuntimeError("the chat template does not extend the generation prompt")
+    text = whole[len(prompt) :]
+    closer = text.rfind("<|im_end|>")
+    return tito.encode(text[: closer + len("<|im_end|>")])
+
+
+def _transcript(tito: TITOTokenizer, instance: TaskInstance) -> Transcript:
+    from dressage.agents.base import AgentTask
+    from dressage.agents.tools import environment_for
+
+    env = environment_for(instance.task, instance.prompt)
+    task = AgentTask(prompt=instance.prompt, task=instance.task)
+    options: dict[str, Any] = {
+        "tools": env.specs,
+        "chat_template_kwargs": dict(task.chat_template_kwargs),
+    }
+    messages = task.initial_messages()
+    state = tito.start(messages, **options).state
+    arguments = json.dumps(instance.arguments)
+    function = {"name": instance.tool, "arguments": arguments}
+    call: dict[str, Any] = {"id": "call_0", "type": "function", "function": function}
+    calling: dict[str, Any] = {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "",
+        "tool_calls": [call],
+    }
+    tito.record_output(
+        state, _assistant_output(tito, messages, calling, options), assistant_message=calling
+    )
+    result = env.call(instance.tool, arguments)
+    if result != instance.label:
+        raise RuntimeError(f"{instance}: the tool answers {result!r}, the label is different")
+    messages = [*messages, calling, {"role": "tool", "tool_call_id": "call_0", "content": result}]
+    from dressage.proxy.tito.state import SegmentBoundary
+
+    if isinstance(tito.extend(state, messages, **options), SegmentBoundary):
+        raise RuntimeError(f"the ideal transcript of {instance.prompt!r} is not append-only")
+    answer: dict[str, Any] = {
+        "role": "assistant",
+        "content": instance.label,
+        "reasoning_content": "",
+    }
+    tito.record_output(
+        state, _assistant_output(tito, messages, answer, options), assistant_message=answer
+    )
+    return Transcript(list(state.ids), list(state.loss_mask))
+
+
+def teacher_transcripts(
+    tasks: str | tuple[str, ...], n: int, *, seed: int, tokenizer_dir: str | Path
+) -> list[Transcript]:
+    """``n`` ideal transcripts through the proxy's TITO tokenizer (Qwen3.5), the tasks taking
+    turns (``calculator``, ``lookup``, ``calculator``, ... for both)."""
+    from dressage.agents.tasks import make_instances
+    from dressage.assets.tokenizers import load_tokenizer
+    from dressage.proxy.tito import create_tito_tokenizer
+
+    names = (tasks,) if isinstance(tasks, str) else tasks
+    tito = create_tito_tokenizer(load_tokenizer(str(tokenizer_dir)), "qwen3.5")
+    per_task = [make_instances(t, -(-n // len(names)), seed=seed) for t in names]
+    mixed = [inst for group in zip(*per_task, strict=True) for inst in group][:n]
+    return [_transcript(tito, instance) for instance in mixed]
+
+
+# -- training --------------------------------------------------------------------------------
+
+
+def _masked_log_probs(model: nn.Module, batch: list[Transcript]) -> torch.Tensor:
+    """Log-probs of every masked token of the batch, ``[N]`` (logits only where needed)."""
+    import torch
+
+    from dressage.training.log_probs import causal_lm_hidden, output_embedding_module
+
+    tokens = [torch.tensor(t.ids) for t in batch]
+    hidden = causal_lm_hidden(model, tokens)
+    rows, cols, targets = [], [], []
+    for i, t in enumerate(batch):
+        for p in range(1, len(t.ids)):
+            if t.loss_mask[p]:
+                rows.append(i)
+                cols.append(p - 1)
+                targets.append(t.ids[p])
+    logits = output_embedding_module(model)(hidden[rows, cols]).float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(targets)[:, None]).squeeze(-1)
+
+
+def answer_log_prob(model: nn.Module, transcripts: list[Transcript], batch_size: int = 8) -> float:
+    """Mean log-prob per assistant token of ``transcripts`` under ``model`` (no gradient)."""
+    import torch
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(transcripts), batch_size):
+            values = _masked_log_probs(model, transcripts[s : s + batch_size])
+            total, count = total + float(values.sum()), count + values.numel()
+    return total / max(count, 1)
+
+
+def _fine_tune(model: nn.Module, data: list[Transcript], spec: TinyTeacherSpec) -> list[float]:
+    import torch
+
+    from dressage.training.log_probs import input_embedding_module
+
+    generator = torch.Generator().manual_seed(spec.data_seed)
+    if not spec.train_embeddings:
+        input_embedding_module(model).weight.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
+    order: list[int] = []
+    losses = []
+    model.train()
+    for _ in range(spec.steps):
+        if len(order) < spec.batch_size:  # epochs of a fresh permutation
+            order += torch.randperm(len(data), generator=generator).tolist()
+        picked, order = order[: spec.batch_size], order[spec.batch_size :]
+        loss = -_masked_log_probs(model, [data[i] for i in picked]).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def _build(spec: TinyTeacherSpec, base_dir: Path, out: Path) -> None:
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    data = teacher_transcripts(
+        spec.tasks, spec.examples, seed=spec.data_seed, tokenizer_dir=base_dir
+    )
+    heldout = teacher_transcripts(
+        spec.tasks, 16, seed=spec.data_seed + HELDOUT_SEED, tokenizer_dir=base_dir
+    )
+    rng_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(spec.data_seed)
+        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        before = answer_log_prob(model, heldout)
+        losses = _fine_tune(model, data, spec)
+        after = answer_log_prob(model, heldout)
+    finally:
+        torch.random.set_rng_state(rng_state)
+    model.save_pretrained(str(out), safe_serialization=True)
+    for item in base_dir.iterdir():
+        if item.is_file() and item.name.startswith(_TOKENIZER_FILES):
+            shutil.copy2(item, out / item.name)
+    report = {
+        "spec": _spec_dict(spec),
+        "losses": losses,
+        "heldout_answer_log_prob": {"base": before, "teacher": after},
+        "train_tokens_per_transcript": sum(sum(t.loss_mask) for t in data) / len(data),
+    }
+    (out / "sft_report.json").write_text(json.dumps(report, indent=1))
+
+
+def _spec_dict(spec: TinyTeacherSpec) -> dict[str, Any]:
+    return asdict(spec)
+
+
+def _agent_fingerprint() -> str:
+    """What the transcripts depend on besides the spec: the agent's prompt and tool specs."""
+    from dressage.agents.base import DEFAULT_SYSTEM_PROMPT
+    from dressage.agents.tools import CALCULATOR_TOOL, LOOKUP_TOOL
+
+    blob = json.dumps([DEFAULT_SYSTEM_PROMPT, CALCULATOR_TOOL, LOOKUP_TOOL], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def tiny_teacher_dir(spec: TinyTeacherSpec) -> Path:
+    """Folder of the fine-tuned teacher (Hugging Face layout), built on first use."""
+    base_dir = tiny_model_dir(spec.base)
+    recipe = {
+        "kind": "tiny-sft-teacher",
+        "version": _RECIPE_VERSION,
+        "base": base_dir.name,
+        "agent": _agent_fingerprint(),
+        **_spec_dict(spec),
+    }
+    return cached_build("teachers", recipe, lambda out: _build(spec, base_dir, out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dressage.assets.teachers TASK...``: build and print each report's summary."""
+    tasks = list(sys.argv[1:] if argv is None else argv) or ["calculator", "lookup"]
+    for task in tasks:
+        spec = parse_teacher_spec(task) if task.startswith(SPEC_PREFIX) else TinyTeacherSpec(task)
+        path = tiny_teacher_dir(spec)
+        report = json.loads((path / "sft_report.json").read_text())
+        losses, heldout = report["losses"], report["heldout_answer_log_prob"]
+        print(
+            f"{spec.task}: {path}\n  loss {losses[0]:.3f} -> {losses[-1]:.3f} over "
+            f"{len(losses)} steps; held-out answer log-prob/token {heldout['base']:.3f} (base) "
+            f"-> {heldout['teacher']:.3f} (teacher)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

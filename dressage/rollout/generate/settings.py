@@ -1,0 +1,172 @@
+"""What the black-box dispatch reads from slime's ``args``, the environment and each sample.
+
+Read once per call into :class:`DispatchSettings` (a frozen dataclass), first found wins:
+
+=========================  ===================================  =================================
+setting                    ``args`` attribute                   environment (default)
+=========================  ===================================  =================================
+proxy URL                  ``dressage_proxy_url``               ``DRESSAGE_PROXY_URL`` (required)
+admin key (session API)    ``dressage_proxy_admin_key``         ``DRESSAGE_PROXY_ADMIN_KEY``
+API key (chat calls)       ``dressage_proxy_api_key``           ``DRESSAGE_PROXY_API_KEY``
+agent                      ``dressage_agent``                   ``DRESSAGE_AGENT`` (tool_user)
+timeout per attempt (s)    ``dressage_agent_timeout``           ``DRESSAGE_AGENT_TIMEOUT_SEC`` (600)
+attempts                   ``dressage_agent_attempts``          ``DRESSAGE_AGENT_ATTEMPTS`` (2)
+turns per run              ``dressage_agent_max_turns``         ``DRESSAGE_AGENT_MAX_TURNS`` (4)
+=========================  ===================================  =================================
+
+slime puts the keys of ``--custom-config-path run.yaml`` on ``args``, so a run sets them there.
+A sample's ``metadata`` may override ``agent``, ``max_turns`` and ``compact_after`` (a dataset
+row's ``metadata`` lands there). An agent is named by one of (:func:`parse_agent_spec`)::
+
+    tool_user | compacting                      a built-in agent (dressage.agents)
+    my_pkg.agents.run                           an async function (client, task) -> AgentResult
+    cmd: my-agent --base-url {base_url}         a command (see dressage.rollout.generate.runners)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dressage.config.env import declare, env_int, env_str
+
+__all__ = [
+    "AgentSpec",
+    "DispatchSettings",
+    "agent_sampling",
+    "dispatch_settings",
+    "parse_agent_spec",
+]
+
+declare(
+    "DRESSAGE_AGENT",
+    "tool_user",
+    "Agent the black-box rollout runs: a built-in name, module.attribute, or 'cmd: COMMAND'.",
+)
+declare(
+    "DRESSAGE_AGENT_TIMEOUT_SEC",
+    "600",
+    "Longest one agent attempt may run (black-box rollout) before it is stopped.",
+)
+declare(
+    "DRESSAGE_AGENT_ATTEMPTS",
+    "2",
+    "Attempts per sample (black-box rollout); each retry discards the failed session.",
+)
+declare("DRESSAGE_AGENT_MAX_TURNS", "4", "Model calls one agent run may make (black-box rollout).")
+
+COMMAND_PREFIX = "cmd:"
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """An agent: a Python function (built-in name or dotted path) or a command template."""
+
+    kind: Literal["python", "command"]
+    target: str
+    """The dotted path or built-in name; the command template for ``command``."""
+
+    def __str__(self) -> str:
+        return f"{COMMAND_PREFIX} {self.target}" if self.kind == "command" else self.target
+
+
+def parse_agent_spec(text: str) -> AgentSpec:
+    """``tool_user``, ``pkg.module.fn`` or ``cmd: COMMAND`` (see the module docstring).
+
+    Raises:
+        ValueError: empty, or neither a built-in name, a dotted path nor a ``cmd:`` command.
+    """
+    from dressage.agents.registry import BUILTIN_AGENTS, is_dotted_path
+
+    spec = text.strip()
+    if spec.startswith(COMMAND_PREFIX):
+        command = spec[len(COMMAND_PREFIX) :].strip()
+        if not command:
+            raise ValueError(f"agent {text!r}: 'cmd:' needs a command")
+        return AgentSpec("command", command)
+    if spec in BUILTIN_AGENTS or is_dotted_path(spec):
+        return AgentSpec("python", spec)
+    raise ValueError(
+        f"agent {text!r} is not a built-in agent {sorted(BUILTIN_AGENTS)}, a dotted "
+        "module.attribute path, or 'cmd: COMMAND'"
+    )
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    proxy_url: str
+    admin_key: str | None
+    api_key: str | None
+    agent: AgentSpec
+    timeout_s: float
+    attempts: int
+    max_turns: int
+    retry_delay_s: float = 0.5
+
+
+def _first(args: Any, attr: str, env: str) -> str | None:
+    value = getattr(args, attr, None)
+    if value not in (None, ""):
+        return str(value)
+    return env_str(env)
+
+
+def _positive(value: Any, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not number > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return number
+
+
+def dispatch_settings(args: Any) -> DispatchSettings:
+    """The run-level settings (the sample-level overrides are applied by the dispatch).
+
+    Raises:
+        ValueError: no proxy URL, an unparsable agent, or a non-positive number.
+    """
+    url = _first(args, "dressage_proxy_url", "DRESSAGE_PROXY_URL")
+    if not url:
+        raise ValueError(
+            "the black-box rollout needs the proxy: set args.dressage_proxy_url or "
+            "DRESSAGE_PROXY_URL"
+        )
+    timeout = getattr(args, "dressage_agent_timeout", None) or env_str("DRESSAGE_AGENT_TIMEOUT_SEC")
+    attempts = getattr(args, "dressage_agent_attempts", None) or env_int("DRESSAGE_AGENT_ATTEMPTS")
+    turns = getattr(args, "dressage_agent_max_turns", None) or env_int("DRESSAGE_AGENT_MAX_TURNS")
+    return DispatchSettings(
+        proxy_url=url.rstrip("/"),
+        admin_key=_first(args, "dressage_proxy_admin_key", "DRESSAGE_PROXY_ADMIN_KEY"),
+        api_key=_first(args, "dressage_proxy_api_key", "DRESSAGE_PROXY_API_KEY"),
+        agent=parse_agent_spec(_first(args, "dressage_agent", "DRESSAGE_AGENT") or "tool_user"),
+        timeout_s=_positive(timeout, "the agent timeout"),
+        attempts=int(_positive(attempts, "the agent attempts")),
+        max_turns=int(_positive(turns, "the agent max turns")),
+    )
+
+
+def agent_sampling(sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """slime's SGLang sampling params as chat request fields (per model call).
+
+    ``max_new_tokens`` -> ``max_tokens``, ``sampling_seed`` -> ``seed``, ``min_new_tokens`` ->
+    ``min_tokens``; ``temperature``, ``top_p``, ``top_k`` (when on), ``stop`` and
+    ``stop_token_ids`` (when set) keep their names. Detokenizer options (``skip_special_tokens``,
+    ``no_stop_trim``, ...) have no chat equivalent and are dropped.
+    """
+    renamed = {"max_new_tokens": "max_tokens", "sampling_seed": "seed"}
+    renamed["min_new_tokens"] = "min_tokens"
+    out: dict[str, Any] = {}
+    for key, value in sampling_params.items():
+        if value is None:
+            continue
+        if key in renamed:
+            out[renamed[key]] = value
+        elif key in ("temperature", "top_p"):
+            out[key] = value
+        elif key == "top_k" and int(value) > 0:
+            out[key] = int(value)
+        elif key in ("stop", "stop_token_ids") and value:
+            out[key] = value
+    return out

@@ -1,0 +1,175 @@
+"""Tiny task teachers: specs, transcripts the proxy would record, determinism, and learning."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dressage.agents import AgentTask, load_agent
+from dressage.assets import TinyModelSpec, tiny_model_dir
+from dressage.assets.teachers import (
+    TinyTeacherSpec,
+    Transcript,
+    answer_log_prob,
+    parse_teacher_spec,
+    teacher_transcripts,
+    tiny_teacher_dir,
+)
+from dressage.config.env import cache_dir
+from dressage.config.mopd import load_mopd_config, resolve_checkpoint
+from tests.helpers import REPO
+
+EMBEDDED = REPO / "configs/mopd/embedded.json"
+
+
+def _load(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path)).eval()
+
+
+@pytest.mark.unit
+def test_specs_parse_with_base_and_recipe_keys() -> None:
+    spec = parse_teacher_spec("tiny-sft:task=lookup,seed=3,steps=5,lr=0.01,train_embeddings=0")
+    assert spec == TinyTeacherSpec(
+        task="lookup", base=TinyModelSpec(seed=3), steps=5, lr=0.01, train_embeddings=False
+    )
+    assert parse_teacher_spec("tiny-sft:task=calculator+lookup").tasks == ("calculator", "lookup")
+    for bad, message in [
+        ("tiny-sft:seed=1", "needs task="),
+        ("tiny-sft:task=chess", "tasks must be one or more of"),
+        ("tiny-sft:task=lookup,colour=red", "'colour=red' is not key=value with key in"),
+        ("tiny-sft:task=lookup,steps=many", "steps='many' is not a valid value"),
+        ("tiny-sft:task=lookup,steps=0", "positive steps"),
+        ("tiny:seed=1", "does not start with 'tiny-sft:'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_teacher_spec(bad)
+
+
+@pytest.mark.unit
+def test_transcripts_mask_only_what_the_assistant_writes(qwen35_tokenizer: Any) -> None:
+    (calc, look) = teacher_transcripts(
+        ("calculator", "lookup"), 2, seed=0, tokenizer_dir=tiny_model_dir()
+    )
+    for transcript, name in ((calc, "calculator"), (look, "lookup")):
+        written = [i for i, m in zip(transcript.ids, transcript.loss_mask, strict=True) if m]
+        text = qwen35_tokenizer.decode(written)
+        assert text.startswith(f"<tool_call>\n<function={name}>\n<parameter=")
+        assert text.count("<|im_end|>") == 2 and text.endswith("<|im_end|>")
+        prompt = qwen35_tokenizer.decode(transcript.ids[: transcript.loss_mask.index(1)])
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert f'"name": "{name}"' in prompt  # the task's tool was offered
+
+
+@pytest.mark.integration
+def test_a_transcript_is_what_the_proxy_records_for_the_ideal_agent_run(tmp_path: Path) -> None:
+    """The tool agent, driven through the real proxy by an engine that answers ideally, leaves
+    exactly the teacher's training transcript: same ids, same mask."""
+    from openai import AsyncOpenAI
+
+    from dressage.agents.tasks import make_instances
+    from dressage.assets import load_tokenizer
+    from dressage.proxy.tito import create_tito_tokenizer
+    from dressage.trajectory import Segment
+    from tests.proxy.conftest import Script, scripted_proxy
+
+    (instance,) = make_instances("lookup", 1, seed=5)
+    (transcript,) = teacher_transcripts("lookup", 1, seed=5, tokenizer_dir=tiny_model_dir())
+    tito = create_tito_tokenizer(load_tokenizer("qwen3.5"), "qwen3.5")
+    call = (
+        "<tool_call>\n<function=lookup>\n<parameter=key>\n"
+        f"{instance.arguments['key']}\n</parameter>\n</function>\n</tool_call><|im_end|>"
+    )
+    plan = Script(tito, call, f"{instance.label}<|im_end|>")
+
+    async def agent(url: str) -> str:
+        client = AsyncOpenAI(base_url=f"{url}/sessions/ideal/v1", api_key="x", max_retries=0)
+        try:
+            task = AgentTask(prompt=instance.prompt, task="lookup")
+            return (await load_agent("tool_user")(client, task)).final_answer
+        finally:
+            await client.close()
+
+    import httpx
+
+    with scripted_proxy(plan, tmp_path, tito) as (url, _):
+        assert asyncio.run(agent(url)) == instance.label
+        (data,) = httpx.post(f"{url}/v1/sessions/ideal/finalize").json()["segments"]
+    segment = Segment.from_dict(data)
+    assert segment.tokens == transcript.ids
+    assert segment.full_loss_mask == transcript.loss_mask
+
+
+def _small_cache(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh teacher cache that shares the already built tokenizers and base models."""
+    shared = cache_dir()
+    tiny_model_dir()  # built in the shared cache before it is linked
+    root.mkdir()
+    for kind in ("tokenizers", "models"):
+        (root / kind).symlink_to(shared / kind)
+    monkeypatch.setenv("DRESSAGE_CACHE_DIR", str(root))
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.unit
+def test_builds_are_deterministic_and_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = TinyTeacherSpec(task="lookup", steps=3, examples=4, batch_size=2)
+    folders = []
+    for name in ("a", "b"):
+        _small_cache(tmp_path / name, monkeypatch)
+        folders.append(tiny_teacher_dir(spec))
+    first, second = (_weights(f) for f in folders)
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    base = _weights(tiny_model_dir(spec.base))
+    assert not torch.equal(first["model.norm.weight"], base["model.norm.weight"])  # it trained
+    done = (folders[1] / ".complete").stat().st_mtime_ns
+    assert tiny_teacher_dir(spec) == folders[1]  # cached: not rebuilt
+    assert (folders[1] / ".complete").stat().st_mtime_ns == done
+    assert tiny_teacher_dir(TinyTeacherSpec(task="lookup", steps=4, examples=4)) != folders[1]
+    report = json.loads((folders[0] / "sft_report.json").read_text())
+    assert len(report["losses"]) == 3 and report["spec"]["task"] == "lookup"
+    assert (folders[0] / "tokenizer.json").is_file() and (
+        folders[0] / "chat_template.jinja"
+    ).exists()
+
+
+@pytest.mark.unit
+def test_the_configs_teachers_learned_their_task() -> None:
+    """The embedded config's teachers: the loss fell, and on held-out instances each teacher
+    gives its task's answers far more probability than the base did, and than the other task's
+    teacher does (they specialised)."""
+    config = load_mopd_config(EMBEDDED)
+    teachers = {tid: resolve_checkpoint(t.load) for tid, t in config.teachers.items()}
+    base = _load(tiny_model_dir())
+    heldout: dict[str, list[Transcript]] = {
+        task: teacher_transcripts(task, 8, seed=777, tokenizer_dir=tiny_model_dir())
+        for task in teachers
+    }
+    scores = {
+        (tid, task): answer_log_prob(_load(path), heldout[task])
+        for tid, path in teachers.items()
+        for task in heldout
+    }
+    for tid, path in teachers.items():
+        losses = json.loads((path / "sft_report.json").read_text())["losses"]
+        assert losses[-1] < 0.25 * losses[0], (tid, losses)
+        base_score = answer_log_prob(base, heldout[tid])
+        assert scores[tid, tid] > base_score + 8.0, (tid, scores, base_score)
+        other = next(t for t in teachers if t != tid)
+        assert scores[tid, tid] > scores[other, tid] + 0.3, (tid, scores)
+    spec = config.teachers["calculator"].load
+    assert resolve_checkpoint(spec) == tiny_teacher_dir(parse_teacher_spec(spec))
