@@ -25,6 +25,13 @@ from typing import Any
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAG_ID = "dressage_mopd"
+EMBEDDED_RECIPE: dict[str, Any] = {
+    "rollout_batch_size": 8,
+    "learning_rate": 2e-3,
+    "extra": {"max_response_len": 24, "agent_max_turns": 2},
+}
+"""Settings for the tiny embedded models (the job's defaults are a real model's): a learning rate
+they move at and short agent turns, as tests/e2e/test_mopd_embedded.py trains them."""
 
 
 def _environment(verbose: bool) -> None:
@@ -61,6 +68,8 @@ class Progress:
         self.started = time.monotonic()
         self.seen: dict[str, str] = {}
         self.offsets: dict[Path, int] = {}
+        self.after_id = 0
+        """Only DAG runs newer than this one are this demo's (earlier runs share the DB)."""
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -79,16 +88,27 @@ class Progress:
                 self.say(f"(progress: {type(exc).__name__}: {exc})")
         self._job_lines()
 
-    def _tasks(self) -> None:
+    def _latest_run(self, session: Any) -> Any:
         from airflow.models.dagrun import DagRun
+        from sqlalchemy import select
+
+        query = select(DagRun).where(DagRun.dag_id == DAG_ID, DagRun.id > self.after_id)
+        return session.scalars(query.order_by(DagRun.id.desc()).limit(1)).first()
+
+    def mark_start(self) -> None:
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            run = self._latest_run(session)
+            self.after_id = int(run.id) if run is not None else 0
+
+    def _tasks(self) -> None:
         from airflow.models.taskinstance import TaskInstance
         from airflow.utils.session import create_session
         from sqlalchemy import select
 
         with create_session() as session:
-            run = session.scalars(
-                select(DagRun).where(DagRun.dag_id == DAG_ID).order_by(DagRun.id.desc()).limit(1)
-            ).first()
+            run = self._latest_run(session)
             if run is None:
                 return
             query = select(TaskInstance).where(
@@ -125,6 +145,7 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "run_root": str(args.run_root),
         "artifact_root": args.artifact_root,
+        **EMBEDDED_RECIPE,
     }
     conf.update(json.loads(args.conf))
     return conf
@@ -132,7 +153,7 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dressage.airflow.demo", description=__doc__)
-    parser.add_argument("--steps", type=int, default=int(os.environ.get("DEMO_STEPS", "8")))
+    parser.add_argument("--steps", type=int, default=int(os.environ.get("DEMO_STEPS", "10")))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-root", type=Path, default=PROJECT / "runs" / "demo")
     parser.add_argument("--artifact-root", default=(PROJECT / "runs" / "artifacts").as_uri())
@@ -162,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     progress = Progress(Path(conf["run_root"]))
     _skip_old_logs(progress)
+    progress.mark_start()
     progress.thread.start()
     try:
         run = bag.dags[DAG_ID].test(run_conf=conf)

@@ -170,11 +170,15 @@ def prepare_job(
         "outputs": {"output_dir": str(plan.output_dir)},
     }
     if plan.backend == "ray":
+        from dressage.launch.services import write_secret
+
+        write_secret(plan.admin_key_file)  # the proxy the job starts on the cluster uses it
         request = JobRequest(
             launcher="ray",
             launcher_options={"address": plan.ray_address},
             entrypoint=train_entrypoint(path, python=plan.ray_python),
             forward_env=["DRESSAGE_*", *report.get("runtime_env_keys", [])],
+            secret_env_files={ADMIN_KEY_ENV: str(plan.admin_key_file)},
             **common,
         )
     else:
@@ -193,15 +197,20 @@ def stage(
 ) -> dict[str, Any]:
     """Plot the curves, then stage the job's output to the artifact root (manifest last)."""
     from dressage.reporting.curves import plot_curves
-    from dressage.reporting.metrics import read_metrics
+    from dressage.reporting.metrics import HELDOUT_KL, REVERSE_KL, REWARD, read_metrics, series
     from dressage.staging.stage import StagingError, stage_run
 
     plan = RunPlan.model_validate(plan_data)
     output = Path(result["outputs"]["output_dir"])
     metrics = output / "metrics.jsonl"
     if metrics.is_file():
+        records = read_metrics(metrics)
+        families = [f for f in (HELDOUT_KL, REVERSE_KL, REWARD) if series(records, f)]
         plot_curves(
-            read_metrics(metrics), output / "curves.png", title=f"{plan.dag_id} {plan.run_id}"
+            records,
+            output / "curves.png",
+            families=families or (REVERSE_KL, REWARD),
+            title=f"{plan.dag_id} {plan.run_id}",
         )
     metadata = {
         "dag_id": plan.dag_id,
@@ -266,9 +275,11 @@ def publish(
     records = (
         parse_metrics(run.read_blob("metrics.jsonl").decode()) if "metrics.jsonl" in blobs else []
     )
+    job_summary = json.loads(run.read_blob("summary.json")) if "summary.json" in blobs else {}
     summary = summarize(
         records,
         teachers=run.manifest.metadata.get("teachers", []),
+        heldout_initial=job_summary.get("heldout_reverse_kl_initial"),
         url=url,
         curves=f"{url}/{blobs['curves.png'].path}" if "curves.png" in blobs else None,
     )

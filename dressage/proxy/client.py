@@ -111,6 +111,17 @@ class _Base:
     def _session(session_id: str, action: str, method: str = "POST") -> _Call:
         return _Call(method, f"/v1/sessions/{session_id}/{action}", True)
 
+    @staticmethod
+    def _pause(reason: str, mode: str, timeout_seconds: float | None) -> _Call:
+        body: dict[str, Any] = {"reason": reason, "mode": mode}
+        if timeout_seconds is not None:
+            body["timeout_seconds"] = timeout_seconds
+        return _Call("POST", "/v1/rollout/pause", True, body)
+
+    @staticmethod
+    def _resume(version: int | None, reason: str) -> _Call:
+        return _Call("POST", "/v1/rollout/resume", True, {"version": version, "reason": reason})
+
 
 class ProxyClient(_Base):
     """Async client (httpx); use as ``async with`` or call :meth:`aclose`."""
@@ -156,6 +167,19 @@ class ProxyClient(_Base):
 
     async def capabilities(self) -> dict[str, Any]:
         return await self._run(_Call("GET", "/v1/capabilities", False), dict)
+
+    async def pause_rollout(
+        self, reason: str = "", *, mode: str = "abort", timeout_seconds: float | None = None
+    ) -> dict[str, Any]:
+        """Stop generation at a token boundary (see dressage.proxy.pause); the pause report."""
+        return await self._run(self._pause(reason, mode, timeout_seconds), dict)
+
+    async def resume_rollout(self, version: int | None = None, reason: str = "") -> dict[str, Any]:
+        """Continue paused generation with weight version ``version``; the resume report."""
+        return await self._run(self._resume(version, reason), dict)
+
+    async def pause_state(self) -> dict[str, Any]:
+        return await self._run(_Call("GET", "/v1/rollout/pause_state", True), dict)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -211,6 +235,19 @@ class SyncProxyClient(_Base):
 
     def capabilities(self) -> dict[str, Any]:
         return self._run(_Call("GET", "/v1/capabilities", False), dict)
+
+    def pause_rollout(
+        self, reason: str = "", *, mode: str = "abort", timeout_seconds: float | None = None
+    ) -> dict[str, Any]:
+        """Stop generation at a token boundary (see dressage.proxy.pause); the pause report."""
+        return self._run(self._pause(reason, mode, timeout_seconds), dict)
+
+    def resume_rollout(self, version: int | None = None, reason: str = "") -> dict[str, Any]:
+        """Continue paused generation with weight version ``version``; the resume report."""
+        return self._run(self._resume(version, reason), dict)
+
+    def pause_state(self) -> dict[str, Any]:
+        return self._run(_Call("GET", "/v1/rollout/pause_state", True), dict)
 
     def close(self) -> None:
         self._http.close()

@@ -52,6 +52,9 @@ class EngineError(Exception):
         super().__init__(f"engine at {url}: {message}")
         self.url = url
         self.detail = message
+        self.partial_generation: Any = None
+        """Set by the generation controller when the failure interrupted a call that had
+        produced tokens already (a ``Generation``), so that the session can record them."""
 
 
 class EngineUnavailableError(EngineError):

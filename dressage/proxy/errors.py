@@ -12,7 +12,9 @@ from typing import Any
 
 __all__ = [
     "BadRequest",
+    "Conflict",
     "EngineFailure",
+    "PauseCapExceeded",
     "ProxyError",
     "RequestTooLarge",
     "SessionClosed",
@@ -59,6 +61,25 @@ class SessionClosed(ProxyError):
     status = 409
     type = "conflict_error"
     code = "session_closed"
+
+
+class Conflict(ProxyError):
+    """A control request that contradicts the proxy's state (e.g. a resume to an older weight
+    version); nothing changed."""
+
+    status = 409
+    type = "conflict_error"
+    code = "conflict"
+
+
+class PauseCapExceeded(ProxyError):
+    """The session has spanned more rollout pauses than ``--max-pauses-per-trajectory``: the
+    call ends and the trajectory is marked to train nothing. 409, so the OpenAI SDK raises
+    ``ConflictError`` (it retries twice; each retry fails the same way at once)."""
+
+    status = 409
+    type = "conflict_error"
+    code = "max_pauses_exceeded"
 
 
 class RequestTooLarge(ProxyError):

@@ -11,10 +11,17 @@ back. The agent's HTTP call sees one answer; each token keeps the version that p
     generation = await controller.generate(session_id, prompt, sampling, request_id="r1")
     generation.output_ids, generation.logprobs, generation.versions, generation.finish_type
 
-This issue ships :class:`NeverResume`: an engine abort is final, and the partial output comes
-back with ``finish_type == "abort"`` (the session records it as such). The partial-rollout
-extension provides a policy that knows when the proxy itself paused the engine, and blocks in
-``should_resume`` until the pause ends; the loop below already keeps every chunk.
+Two seams, both filled by :class:`~dressage.proxy.pause.PauseController` in the server:
+
+- a :class:`GenerationGate` is asked before every engine request (``admit``: it may hold the
+  request while the proxy is paused, or refuse it) and told when the request came back;
+- a :class:`ResumePolicy` decides what an ``abort`` means. :class:`NeverResume` (the default
+  without a gate) makes it final: the partial output comes back with ``finish_type == "abort"``.
+  A policy may call :meth:`Generation.discard_partial` before saying yes, to start the call
+  again from its prompt instead of continuing it.
+
+If the engine fails after part of the output was produced, the :class:`EngineError` carries
+that partial generation (``partial_generation``) so that the session can record it.
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ import httpx
 
 from dressage.proxy.engine_client import EngineClient, EngineError, EngineOutput, PromptIds
 
-__all__ = ["Generation", "GenerationController", "GenerationDelta", "NeverResume", "ResumePolicy"]
+__all__ = [
+    "Generation",
+    "GenerationController",
+    "GenerationDelta",
+    "GenerationGate",
+    "NeverResume",
+    "OpenGate",
+    "ResumePolicy",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +64,16 @@ class Generation:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     engine_requests: int = 0
+    epoch: int = 0
+    """The gate's pause count when the current engine request was admitted."""
+    pauses: int = 0
+    """Rollout pauses this call was stopped by and resumed after."""
+    discarded_tokens: int = 0
+    """Tokens produced and then dropped (a pause without partial rollout restarts the call)."""
+    streamed: bool = False
+    """Tokens have been sent to the agent already (a streamed call cannot restart)."""
+    no_grad_reason: str | None = None
+    """Set by a policy that ends the call for good: the trajectory must train nothing."""
 
     @property
     def finish_type(self) -> str:
@@ -74,6 +99,12 @@ class Generation:
             self.prompt_tokens = out.prompt_tokens
             self.cached_tokens = out.cached_tokens
 
+    def discard_partial(self) -> None:
+        """Drop what was generated so far: the next engine request starts from the prompt."""
+        self.discarded_tokens += len(self.output_ids)
+        self.output_ids, self.logprobs, self.versions = [], [], []
+        self.finish = None
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationDelta:
@@ -92,11 +123,38 @@ class ResumePolicy(Protocol):
         ...
 
 
+class GenerationGate(Protocol):
+    async def admit(self, session_id: str, generation: Generation) -> None:
+        """Before each engine request: wait while generation is held; raise to refuse."""
+        ...
+
+    def release(self, generation: Generation) -> None:
+        """The engine request admitted last for ``generation`` came back (or failed)."""
+        ...
+
+    def forget(self, session_id: str) -> None:
+        """The session ended (finalized or discarded)."""
+        ...
+
+
 class NeverResume:
     """Engine aborts are final: the agent gets the partial output with ``finish_reason`` abort."""
 
     async def should_resume(self, session_id: str, generation: Generation) -> bool:
         return False
+
+
+class OpenGate:
+    """Every engine request goes at once (no pause control)."""
+
+    async def admit(self, session_id: str, generation: Generation) -> None:
+        return None
+
+    def release(self, generation: Generation) -> None:
+        return None
+
+    def forget(self, session_id: str) -> None:
+        return None
 
 
 def _remaining(sampling: dict[str, Any], generated: int) -> dict[str, Any]:
@@ -109,9 +167,16 @@ def _remaining(sampling: dict[str, Any], generated: int) -> dict[str, Any]:
 class GenerationController:
     """The single place where the proxy generates (see the module docstring)."""
 
-    def __init__(self, engine: EngineClient, *, resume_policy: ResumePolicy | None = None):
+    def __init__(
+        self,
+        engine: EngineClient,
+        *,
+        resume_policy: ResumePolicy | None = None,
+        gate: GenerationGate | None = None,
+    ):
         self.engine = engine
         self.resume_policy: ResumePolicy = resume_policy or NeverResume()
+        self.gate: GenerationGate = gate or OpenGate()
 
     def _rid(self, request_id: str, generation: Generation) -> str:
         # One rid per engine request; all share the call's prefix, so a prefix abort hits all.
@@ -134,6 +199,7 @@ class GenerationController:
         generation = Generation(request_id=request_id)
         while True:
             rid = self._rid(request_id, generation)
+            await self.gate.admit(session_id, generation)
             try:
                 out = await self.engine.generate(
                     prompt.extended(generation.output_ids),
@@ -144,6 +210,11 @@ class GenerationController:
             except asyncio.CancelledError:
                 self._abort_in_background(rid)
                 raise
+            except EngineError as exc:
+                _attach_partial(exc, generation)
+                raise
+            finally:
+                self.gate.release(generation)
             generation.engine_requests += 1
             generation.add(out)
             if not await self._resume(session_id, generation):
@@ -161,6 +232,7 @@ class GenerationController:
         generation = Generation(request_id=request_id)
         while True:
             rid = self._rid(request_id, generation)
+            await self.gate.admit(session_id, generation)
             stream = self.engine.generate_stream(
                 prompt.extended(generation.output_ids),
                 _remaining(sampling_params, len(generation.output_ids)),
@@ -172,9 +244,14 @@ class GenerationController:
                 async for out in stream:
                     generation.add(out)
                     if out.output_ids:
+                        generation.streamed = True
                         yield GenerationDelta(out.output_ids, out.logprobs, out.versions)
                 finished = True
+            except EngineError as exc:
+                _attach_partial(exc, generation)
+                raise
             finally:
+                self.gate.release(generation)
                 await stream.aclose()
                 if not finished:  # the agent went away (or we failed): stop the engine too
                     self._abort_in_background(rid)
@@ -182,6 +259,9 @@ class GenerationController:
             if not await self._resume(session_id, generation):
                 yield GenerationDelta([], [], [], done=generation)
                 return
+
+    def forget(self, session_id: str) -> None:
+        self.gate.forget(session_id)
 
     def _abort_in_background(self, rid: str) -> None:
         async def abort() -> None:
@@ -194,6 +274,12 @@ class GenerationController:
         task = asyncio.get_running_loop().create_task(abort())
         _BACKGROUND.add(task)
         task.add_done_callback(_BACKGROUND.discard)
+
+
+def _attach_partial(exc: EngineError, generation: Generation) -> None:
+    """Keep what an interrupted generation already produced on the error (see the docstring)."""
+    if generation.output_ids and exc.partial_generation is None:
+        exc.partial_generation = generation
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()

@@ -13,7 +13,12 @@ An agent points its OpenAI base URL at ``http://HOST:PORT/sessions/<session_id>/
     POST /v1/sessions/{id}/discard      -> {"session_id", "discarded": true, "steps"}    (admin)
     GET  /v1/sessions/{id}/trajectory   -> {"status", "steps", "segments"}               (admin)
     GET  /v1/sessions/{id}/stats, GET /v1/stats                                          (admin)
+    POST /v1/rollout/pause   {"reason", "mode", "timeout_seconds"} -> the pause report    (admin)
+    POST /v1/rollout/resume  {"version", "reason"}                -> the resume report   (admin)
+    GET  /v1/rollout/pause_state                                                         (admin)
     GET  /health                                                                          (open)
+
+Rollout pause and resume (around weight updates) are described in :mod:`~dressage.proxy.pause`.
 
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413. Once the
@@ -60,6 +65,7 @@ from dressage.proxy.openai_api import (
     sse_tool_call_deltas,
     usage_block,
 )
+from dressage.proxy.pause import PauseController, parse_pause_request, parse_resume_request
 from dressage.proxy.sessions import SessionManager, StreamDelta, StreamEnd, StreamStart
 from dressage.proxy.store import StoreError, TrajectoryStore
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
@@ -167,12 +173,22 @@ def create_app(
         store = TrajectoryStore.open(config.store_dir, fsync=config.store_fsync)
         owned.append(store)
     install_encode_memo(tito)
-    controller = controller or GenerationController(engine)
+    if controller is not None and isinstance(controller.gate, PauseController):
+        pause = controller.gate
+    else:  # a given controller without a pause gate: the routes answer, nothing is held
+        pause = PauseController(
+            engine,
+            keep_partial=config.partial_rollout,
+            max_pauses_per_trajectory=config.max_pauses_per_trajectory,
+            default_timeout_s=config.pause_timeout_s,
+        )
+    controller = controller or GenerationController(engine, resume_policy=pause, gate=pause)
     manager = SessionManager(tito, controller, store, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        await pause.close()
         for resource in owned:
             if isinstance(resource, EngineClient):
                 await resource.aclose()
@@ -181,6 +197,7 @@ def create_app(
 
     app = FastAPI(title="dressage proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.manager = manager
+    app.state.pause = pause
     app.state.started = time.time()
 
     @app.exception_handler(ProxyError)
@@ -200,6 +217,7 @@ def create_app(
     auth = _Auth(config)
     _add_chat(app, manager, auth, config)
     _add_sessions(app, manager, auth, config)
+    _add_rollout_control(app, pause, auth, config)
     return app
 
 
@@ -280,7 +298,7 @@ def _add_chat(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyC
                 "reasoning": True,
                 "session_headers": ["X-Session-Id", "X-Dressage-Session-Id"],
                 "session_base_path": "/sessions/{session_id}/v1",
-                "pause_resume": False,
+                "pause_resume": True,
                 "store_fsync": config.store_fsync,
                 "max_request_bytes": config.max_request_bytes,
             }
@@ -382,6 +400,37 @@ def _add_sessions(app: FastAPI, manager: SessionManager, auth: _Auth, config: Pr
                 "rss_bytes": _rss_bytes(),
             }
         )
+
+
+def _add_rollout_control(
+    app: FastAPI, pause: PauseController, auth: _Auth, config: ProxyConfig
+) -> None:
+    async def body(request: Request) -> Any:
+        raw = await request.body()
+        if len(raw) > config.max_request_bytes:
+            raise RequestTooLarge(f"the request body exceeds {config.max_request_bytes} bytes")
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+
+    @app.post("/v1/rollout/pause")
+    async def pause_rollout(request: Request) -> Response:
+        auth.admin(request)
+        parsed = parse_pause_request(await body(request), default_timeout_s=pause.default_timeout_s)
+        return _json(await pause.pause(parsed))
+
+    @app.post("/v1/rollout/resume")
+    async def resume_rollout(request: Request) -> Response:
+        auth.admin(request)
+        return _json(await pause.resume(parse_resume_request(await body(request))))
+
+    @app.get("/v1/rollout/pause_state")
+    async def pause_state(request: Request) -> Response:
+        auth.admin(request)
+        return _json(pause.state())
 
 
 def _rss_bytes() -> int | None:

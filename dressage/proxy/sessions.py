@@ -17,10 +17,16 @@ ends with finish reason ``segment_boundary``. After a proxy restart the TITO sta
 session is gone: its next call opens a new segment with ``boundary_reason="proxy_restarted"``
 (everything recorded before stays; the session can also just be finalized).
 
-An engine abort that the controller does not resume (nothing in this proxy pauses the engine
-yet) is recorded with its partial output and finish reason ``abort``, and the agent gets that
+An engine abort that the controller does not resume (one the proxy's rollout pause did not
+cause) is recorded with its partial output and finish reason ``abort``, and the agent gets that
 partial message with ``finish_reason: "abort"`` (as SGLang's OpenAI server answers); an abort
-carrying an error status is an error (nothing recorded).
+carrying an error status is an error (nothing recorded). Calls stopped by a rollout pause
+(:mod:`~dressage.proxy.pause`) continue after it: their step records every token with its
+version and ``extra["pauses"]``. When the engine fails after a call produced tokens (it died
+while paused), the step is recorded with those tokens and finish reason ``abort`` (plus
+``extra["engine_error"]``) before the agent gets the error. A session past the pause cap gets
+409 ``max_pauses_exceeded``; its trajectory is marked ``no_grad_reason`` in the store (the step
+that was cut short is recorded first).
 """
 
 from __future__ import annotations
@@ -34,8 +40,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.proxy.config import ProxyConfig
-from dressage.proxy.engine_client import PromptIds
-from dressage.proxy.errors import BadRequest, EngineFailure, SessionClosed, SessionNotFound
+from dressage.proxy.engine_client import EngineError, PromptIds
+from dressage.proxy.errors import (
+    BadRequest,
+    EngineFailure,
+    PauseCapExceeded,
+    SessionClosed,
+    SessionNotFound,
+)
 from dressage.proxy.generation_controller import Generation, GenerationController
 from dressage.proxy.openai_api import ChatRequest, new_completion_id
 from dressage.proxy.store import TrajectoryStore
@@ -177,7 +189,9 @@ class SessionManager:
             stops = [*stops, *(t for t in extra if t not in stops)]
         return {**request.sampling, "stop_token_ids": stops}
 
-    def _step_extra(self, turn: Turn, request: ChatRequest, gen: Generation) -> dict[str, Any]:
+    def _step_extra(
+        self, turn: Turn, request: ChatRequest, gen: Generation, error: str | None
+    ) -> dict[str, Any]:
         extra: dict[str, Any] = {
             "weight_version": gen.weight_version,
             "engine_finish": gen.finish,
@@ -186,6 +200,14 @@ class SessionManager:
         }
         if gen.cached_tokens is not None:
             extra["cached_tokens"] = gen.cached_tokens
+        if gen.pauses:
+            extra["pauses"] = gen.pauses
+        if gen.discarded_tokens:
+            extra["discarded_tokens"] = gen.discarded_tokens
+        if gen.no_grad_reason:
+            extra["no_grad_reason"] = gen.no_grad_reason
+        if error:
+            extra["engine_error"] = error
         if turn.prefix_length == 0:
             extra["segment"] = {
                 "flags": self.config.segment_flags(),
@@ -204,6 +226,8 @@ class SessionManager:
         generation: Generation,
         completion_id: str,
         started: float,
+        *,
+        error: str | None = None,
     ) -> ChatResult:
         """Parse, append to the TITO state, store the step durably, then commit the session."""
         message = assistant_message(self.tito, turn, generation)
@@ -226,7 +250,7 @@ class SessionManager:
                 ended_at=time.time(),
                 boundary_reason=turn.boundary_reason,
                 request_id=completion_id,
-                extra=self._step_extra(turn, request, generation),
+                extra=self._step_extra(turn, request, generation, error),
             )
         except ValueError as exc:  # the engine's answer breaks a record invariant
             raise EngineFailure(
@@ -245,6 +269,10 @@ class SessionManager:
         session.next_step += 1
         session.restarted = False
         self.counters["calls"] += 1
+        if generation.pauses:
+            self.counters["paused_calls"] += 1
+        if generation.discarded_tokens:
+            self.counters["discarded_tokens"] += generation.discarded_tokens
         if turn.boundary_reason:
             self.counters[f"boundary:{turn.boundary_reason}"] += 1
         await durable
@@ -259,6 +287,34 @@ class SessionManager:
             step=step,
             logprobs=self._logprobs(generation) if request.logprobs else None,
         )
+
+    async def _keep_interrupted(
+        self,
+        session: _Session,
+        turn: Turn,
+        request: ChatRequest,
+        exc: Exception,
+        completion_id: str,
+        started: float,
+    ) -> None:
+        """A call that fails for good: record what it generated, mark a capped trajectory."""
+        if isinstance(exc, PauseCapExceeded):
+            await self.store.mark_no_grad(session.id, exc.message)
+            self.counters["pause_cap_exceeded"] += 1
+            return
+        partial = getattr(exc, "partial_generation", None)
+        if isinstance(partial, Generation) and partial.output_ids:
+            await self._record(
+                session, turn, request, partial, completion_id, started, error=str(exc)
+            )
+            self.counters["interrupted_calls_recorded"] += 1
+
+    async def _check_no_grad(self, session: _Session, generation: Generation) -> None:
+        """The pause cap ended this call (its step is recorded): mark the trajectory, fail."""
+        if generation.no_grad_reason:
+            await self.store.mark_no_grad(session.id, generation.no_grad_reason)
+            self.counters["pause_cap_exceeded"] += 1
+            raise PauseCapExceeded(generation.no_grad_reason)
 
     def _logprobs(self, generation: Generation) -> list[dict[str, Any]]:
         out = []
@@ -290,12 +346,20 @@ class SessionManager:
             turn = self._begin(session, request)
             completion_id = new_completion_id()
             try:
-                generation = await self.controller.generate(
-                    session_id, turn.prompt, self._sampling(request), request_id=completion_id
-                )
-                return await self._record(
+                try:
+                    generation = await self.controller.generate(
+                        session_id, turn.prompt, self._sampling(request), request_id=completion_id
+                    )
+                except (EngineError, PauseCapExceeded) as exc:
+                    await self._keep_interrupted(
+                        session, turn, request, exc, completion_id, started
+                    )
+                    raise
+                result = await self._record(
                     session, turn, request, generation, completion_id, started
                 )
+                await self._check_no_grad(session, generation)
+                return result
             except BaseException:
                 if not turn.committed:
                     turn.undo()
@@ -328,21 +392,28 @@ class SessionManager:
                 async with aclosing(deltas):
                     generation: Generation | None = None
                     first = True
-                    async for delta in deltas:
-                        if first:
-                            first = False
-                            yield StreamStart(completion_id)
-                        if delta.done is not None:
-                            generation = delta.done
-                            break
-                        fields = splitter.push(decoder.push(delta.output_ids))
-                        if fields:
-                            yield StreamDelta(fields)
+                    try:
+                        async for delta in deltas:
+                            if first:
+                                first = False
+                                yield StreamStart(completion_id)
+                            if delta.done is not None:
+                                generation = delta.done
+                                break
+                            fields = splitter.push(decoder.push(delta.output_ids))
+                            if fields:
+                                yield StreamDelta(fields)
+                    except (EngineError, PauseCapExceeded) as exc:
+                        await self._keep_interrupted(
+                            session, turn, request, exc, completion_id, started
+                        )
+                        raise
                 assert generation is not None
                 splitter.push(decoder.flush())
                 result = await self._record(
                     session, turn, request, generation, completion_id, started
                 )
+                await self._check_no_grad(session, generation)
             except BaseException:
                 if not turn.committed:
                     turn.undo()
@@ -368,6 +439,7 @@ class SessionManager:
             self._open.pop(session_id, None)
         else:
             segments = await self.store.finalize(session_id)
+        self.controller.forget(session_id)
         self.counters["finalized"] += 1
         return segments
 
@@ -386,6 +458,7 @@ class SessionManager:
             self._open.pop(session_id, None)
         else:
             await self.store.discard(session_id)
+        self.controller.forget(session_id)
         self.counters["discarded"] += 1
         record = self.store.sessions.get(session_id)
         return record.num_steps if record is not None else 0

@@ -14,7 +14,14 @@ field ``t``:
   segment carries ``extra["segment"]``: the config flags, tools and template kwargs it was built
   with; a step that opened a segment after a boundary carries ``boundary_reason``;
 - ``finalized``: the session is closed; its last segment ends with its last step's finish reason;
-- ``discarded``: the session is dropped (its records stay; it is left out of exports).
+- ``discarded``: the session is dropped (its records stay; it is left out of exports);
+- ``no_grad``: the trajectory must train nothing (``reason``; e.g. it spanned more rollout pauses
+  than the proxy allows); every segment then carries ``extra_info["no_grad_reason"]``.
+
+Segments that record token versions (``record_token_versions`` or
+``mask_nonlast_version_tokens`` in the segment's flags) also carry ``extra_info["version_spans"]``
+(``[version, start, end)`` runs of generated tokens over the segment's token positions) and, when
+a rollout pause stopped one of its calls, ``extra_info["pauses"]`` (how many times).
 
 One call is one record, so a call is recorded whole or not at all. Segments are not stored
 twice: they are rebuilt from the steps (``Segment.from_steps``) on every read, identical before
@@ -46,6 +53,8 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from dressage.rollout.artifacts.samples import version_metadata
+from dressage.rollout.sample_meta import NO_GRAD_REASON
 from dressage.schemas import segments_to_table, steps_to_table
 from dressage.trajectory import FinishReason, Segment, StepRecord
 
@@ -76,6 +85,8 @@ class SessionRecord:
     last_segment_index: int = -1
     """Segment of the last step (-1: no step yet)."""
     tokens: int = 0
+    no_grad_reason: str | None = None
+    """Set by a ``no_grad`` record: why the trajectory trains nothing."""
 
     @property
     def num_steps(self) -> int:
@@ -191,6 +202,8 @@ class TrajectoryStore:
             session.status = "finalized"
         elif kind == "discarded":
             session.status = "discarded"
+        elif kind == "no_grad":
+            session.no_grad_reason = str(record.get("reason") or "unknown")
         else:
             log.warning("store %s: unknown record kind %r at byte %d", self.path, kind, offset)
 
@@ -264,6 +277,13 @@ class TrajectoryStore:
             await self._append({"t": "finalized", "session_id": session_id})
         return self.segments(session_id)
 
+    async def mark_no_grad(self, session_id: str, reason: str) -> None:
+        """Mark an open session's trajectory to train nothing (the first reason is kept)."""
+        session = self._session(session_id)
+        if session.status != "open" or session.no_grad_reason is not None:
+            return
+        await self._append({"t": "no_grad", "session_id": session_id, "reason": reason})
+
     async def discard(self, session_id: str) -> None:
         if self._session(session_id).status == "open":
             await self._append({"t": "discarded", "session_id": session_id})
@@ -319,15 +339,26 @@ class TrajectoryStore:
                 finish = steps[-1].finish_reason
             else:
                 continue  # the open segment
-            out.append(
-                Segment.from_steps(
-                    steps,
-                    messages=[m for step in steps for m in step.messages],
-                    finish_reason=finish,
-                    extra_info=info,
-                    record_versions=bool(info.get("record_token_versions", True)),
-                )
+            record_versions = bool(
+                info.get("record_token_versions", True) or info.get("mask_nonlast_version_tokens")
             )
+            pauses = sum(int(step.extra.get("pauses", 0)) for step in steps)
+            if pauses:
+                info["pauses"] = pauses
+            if session.no_grad_reason is not None:
+                info[NO_GRAD_REASON] = session.no_grad_reason
+            segment = Segment.from_steps(
+                steps,
+                messages=[m for step in steps for m in step.messages],
+                finish_reason=finish,
+                extra_info=info,
+                record_versions=record_versions,
+            )
+            if segment.full_versions is not None:
+                segment.extra_info["version_spans"] = version_metadata(segment.full_versions)[0][
+                    "version_spans"
+                ]
+            out.append(segment)
         return out
 
     def _exportable(self, session_ids: Iterable[str] | None, statuses: set[str]) -> list[str]:

@@ -46,12 +46,14 @@ def plot_curves(
     fig = Figure(figsize=(9, 3.6 * len(families)), layout="constrained")
     axes = fig.subplots(len(families), 1, squeeze=False)[:, 0]
     palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
-    for ax, family in zip(axes, families, strict=True):
-        found = series(records, family)
-        for i, (teacher, points) in enumerate(sorted(found.items())):
+    found_by_family = [series(records, family) for family in families]
+    names = sorted({n for found in found_by_family for n in found} - {"all"})
+    colours = {n: palette[i % len(palette)] for i, n in enumerate(names)} | {"all": "dimgray"}
+    for ax, family, found in zip(axes, families, found_by_family, strict=True):
+        for teacher, points in sorted(found.items()):  # a teacher keeps its colour in every panel
             steps = [s for s, _ in points]
             values = [v for _, v in points]
-            colour = to_rgb(palette[i % len(palette)])
+            colour = to_rgb(colours[teacher])
             dark = tuple(0.7 * c for c in colour)
             ax.plot(steps, values, color=colour, alpha=0.35, linewidth=1)
             smooth = rolling_mean(values, _window(len(values)))

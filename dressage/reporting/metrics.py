@@ -11,12 +11,14 @@ its run-wide key (``train/mopd_reverse_kl``, ...) gives one series labelled ``al
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "HELDOUT_KL",
+    "HELDOUT_KL_PREFIX",
     "REVERSE_KL",
     "REWARD",
     "Family",
@@ -41,6 +43,14 @@ REVERSE_KL = Family(
     per_teacher=("rollout/mopd/opd_reverse_kl_train_aggregation_mean/",),
     overall=("train/mopd_reverse_kl",),
 )
+HELDOUT_KL_PREFIX = "eval/mopd/reverse_kl/"
+"""Exact reverse KL on the held-out rows (:mod:`dressage.training.embedded.probe`); the key
+``<prefix>all`` pools every teacher's tokens."""
+HELDOUT_KL = Family(
+    "held-out reverse KL (exact, fixed held-out contexts)",
+    per_teacher=(HELDOUT_KL_PREFIX,),
+    overall=(),
+)
 REWARD = Family(
     "reward",
     per_teacher=(
@@ -51,6 +61,8 @@ REWARD = Family(
 )
 
 Series = dict[str, list[tuple[int, float]]]
+ALL_TEACHERS = "all"
+"""The pooled row of the held-out reverse KL (every teacher's tokens)."""
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -104,6 +116,8 @@ class TeacherSummary:
     reverse_kl: tuple[float, float] | None = None
     """(first, last) step values."""
     reward: tuple[float, float] | None = None
+    heldout_kl: tuple[float, float] | None = None
+    """(before training, after the last step) on the held-out rows."""
 
 
 @dataclass
@@ -122,6 +136,7 @@ class RunSummary:
                 t.teacher: {
                     "reverse_kl": list(t.reverse_kl) if t.reverse_kl else None,
                     "reward": list(t.reward) if t.reward else None,
+                    "heldout_reverse_kl": list(t.heldout_kl) if t.heldout_kl else None,
                 }
                 for t in self.teachers
             },
@@ -138,11 +153,22 @@ def summarize(
     teachers: Iterable[str] = (),
     url: str | None = None,
     curves: str | None = None,
+    heldout_initial: Mapping[str, float] | None = None,
 ) -> RunSummary:
+    """Per teacher: the first and last step's reverse KL and reward, and the held-out reverse KL
+    from before training (``heldout_initial``, else the first step) to the last step."""
     kl, reward = series(records, REVERSE_KL), series(records, REWARD)
+    heldout = series(records, HELDOUT_KL)
     names = list(dict.fromkeys([*teachers, *kl, *reward]))
+    if len(heldout) > 1 and ALL_TEACHERS in heldout:
+        names.append(ALL_TEACHERS)
     steps = len({int(r["step"]) for r in records})
-    rows = [TeacherSummary(n, _ends(kl.get(n)), _ends(reward.get(n))) for n in names]
+    rows = []
+    for n in names:
+        ends = _ends(heldout.get(n))
+        if ends is not None and heldout_initial and n in heldout_initial:
+            ends = (float(heldout_initial[n]), ends[1])
+        rows.append(TeacherSummary(n, _ends(kl.get(n)), _ends(reward.get(n)), ends))
     return RunSummary(steps=steps, teachers=rows, url=url, curves=curves)
 
 
@@ -153,12 +179,19 @@ def _pair(values: tuple[float, float] | None) -> str:
 def format_summary(summary: RunSummary) -> str:
     """The end-of-run table: teachers, steps, reverse KL and reward (first -> last step)."""
     width = max([len("teacher"), *(len(t.teacher) for t in summary.teachers)])
-    lines = [f"steps: {summary.steps}   teachers: {len(summary.teachers)}"]
-    lines.append(
-        f"  {'teacher':<{width}}  {'reverse KL (first -> last)':<28}  reward (first -> last)"
-    )
+    teachers = [t for t in summary.teachers if t.teacher != ALL_TEACHERS]
+    lines = [f"steps: {summary.steps}   teachers: {len(teachers)}"]
+    heldout = any(t.heldout_kl for t in summary.teachers)
+    head = f"  {'teacher':<{width}}  {'reverse KL (first -> last)':<28}  "
+    head += f"{'reward (first -> last)':<24}"
+    if heldout:
+        head += "  held-out reverse KL (before -> after)"
+    lines.append(head.rstrip())
     for t in summary.teachers:
-        lines.append(f"  {t.teacher:<{width}}  {_pair(t.reverse_kl):<28}  {_pair(t.reward)}")
+        line = f"  {t.teacher:<{width}}  {_pair(t.reverse_kl):<28}  {_pair(t.reward):<24}"
+        if heldout:
+            line += f"  {_pair(t.heldout_kl)}"
+        lines.append(line.rstrip())
     if summary.url:
         lines.append(f"artifacts: {summary.url}")
     if summary.curves:

@@ -88,7 +88,9 @@ def expand_segments_to_samples(
         )
         write_sample_from_segment(sample, segment, args=args)
         is_anchor = segment.segment_index == last
-        sample.reward = None if is_anchor else 0.0
+        # A trajectory the proxy marked no-grad is not scored (custom_rm skips it): reward 0.0.
+        no_grad = NO_GRAD_REASON in sample.metadata
+        sample.reward = None if is_anchor and not no_grad else 0.0
         if is_anchor:
             sample.response = agent_response
         out.append(sample)

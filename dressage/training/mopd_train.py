@@ -77,6 +77,12 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="c in A_t = clip(log pi_T - log pi_old, -c, c) (default: dressage.training.mopd_loss)",
     )
     group.add_argument(
+        "--dressage-proxy-url",
+        default=env_str("DRESSAGE_PROXY_URL"),
+        help="the recording proxy the black-box rollout runs agents against "
+        "(default $DRESSAGE_PROXY_URL)",
+    )
+    group.add_argument(
         "--mopd-metrics-dir",
         default=None,
         help="folder of the JSONL metrics logs (default: <--save>/metrics)",

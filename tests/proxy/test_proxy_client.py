@@ -62,7 +62,7 @@ def test_sync_client(proxy: str) -> None:
         assert isinstance(segment, Segment) and segment.finish_reason == "stop"
         capabilities = client.capabilities()
         assert capabilities["tito_model"] == "qwen3.5" and capabilities["streaming"] is True
-        assert capabilities["pause_resume"] is False and capabilities["store_fsync"] is True
+        assert capabilities["pause_resume"] is True and capabilities["store_fsync"] is True
         client.chat_completions("sync-2", [{"role": "user", "content": "x"}], max_tokens=4)
         assert client.discard_session("sync-2") == 1
         assert client.stats()["sessions"]["discarded"] >= 1

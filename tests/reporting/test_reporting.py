@@ -11,6 +11,7 @@ import pytest
 
 from dressage.reporting.curves import main, plot_curves, rolling_mean
 from dressage.reporting.metrics import (
+    HELDOUT_KL_PREFIX,
     REVERSE_KL,
     REWARD,
     format_summary,
@@ -68,6 +69,29 @@ def test_summary_reports_first_and_last_values(tmp_path: Path) -> None:
     assert "steps: 5   teachers: 2" in text and "1.0000 -> 0.4493" in text
     assert "artifacts: file:///x" in text
     assert summary.to_dict()["teachers"]["calculator"]["reward"] == [1.0, pytest.approx(1.4)]
+
+
+def test_summary_reports_the_held_out_kl_from_before_training() -> None:
+    records = _records(3)
+    for r in records:
+        s = r["step"]
+        r["metrics"] |= {
+            f"{HELDOUT_KL_PREFIX}lookup": 2.0 - 0.1 * s,
+            f"{HELDOUT_KL_PREFIX}calculator": 1.0 - 0.1 * s,
+            f"{HELDOUT_KL_PREFIX}all": 1.5 - 0.1 * s,
+        }
+    initial = {"lookup": 2.5, "calculator": 1.2, "all": 1.8}
+    summary = summarize(records, teachers=["lookup"], heldout_initial=initial)
+    rows = {t.teacher: t for t in summary.teachers}
+    assert rows["lookup"].heldout_kl == (2.5, pytest.approx(1.8))
+    assert rows["all"].heldout_kl == (1.8, pytest.approx(1.3))
+    assert rows["all"].reverse_kl is None
+    text = format_summary(summary)
+    assert "teachers: 2" in text  # the pooled row is not a teacher
+    assert "held-out reverse KL (before -> after)" in text and "2.5000 -> 1.8000" in text
+    without = summarize(records, teachers=["lookup"])  # no initial: the first step's value
+    assert {t.teacher: t.heldout_kl for t in without.teachers}["lookup"] == (2.0, 1.8)
+    assert "held-out" not in format_summary(summarize(_records(3)))
 
 
 def test_curves_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,6 @@ listed below. The actor's behaviour runs against a small fake of the §6.3/§7.1
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import json
 import pickle
@@ -27,7 +26,13 @@ import pytest
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.training import mopd_actor
 from dressage.training.mopd_train import MOPD_FLAG_DEFAULTS, ROLLOUT_LOG_HOOK, with_mopd_defaults
-from tests.helpers import REPO, SHARED
+from tests.helpers import REPO
+from tests.training.slime_contract import (
+    check_slime_imports,
+    documented_methods,
+    reference,
+    section,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -56,67 +61,9 @@ UNDOCUMENTED_FLAGS = {
 }
 
 
-@functools.cache
-def _reference() -> str:
-    path = SHARED / "reference" / "slime.md"
-    assert path.is_file(), f"the contract needs {path}"
-    return path.read_text()
-
-
-def _section(start: str, end: str) -> str:
-    text = _reference()
-    begin = text.index(start)
-    return text[begin : text.index(end, begin + len(start))]
-
-
-def _documented_methods(section: str) -> dict[str, list[str]]:
-    """``name(params)`` spans of a reference section -> parameter names."""
-    out: dict[str, list[str]] = {}
-    for name, params in re.findall(r"`(\w+)\(([^`)]*)\)", section):
-        names = [p.split("=")[0].strip().lstrip("*") for p in params.split(",") if p.strip()]
-        out.setdefault(name, [n for n in names if n])
-    return out
-
-
-def _moved_and_removed() -> tuple[set[str], set[str], set[tuple[str, str]]]:
-    """§10: modules now under slime.observability, dead module paths, dead (module, name)."""
-    drift = _section("## 10.", "\n---")
-    moved = set(re.findall(r"`(\w+)`", re.search(r"moved: (.*)", drift).group(1)))  # type: ignore[union-attr]
-    dead = {f"slime.utils.{m}" for m in moved}
-    removed = re.search(r"removed: (.*)", drift).group(1)  # type: ignore[union-attr]
-    dead |= {p[:-3].replace("/", ".") for p in re.findall(r"`(slime/[\w/]+\.py)`", removed)}
-    dead_names = set()
-    for names, module in re.findall(r"((?:`\w+`[, and]*)+) moved from `([\w.]+)`", drift):
-        dead_names |= {(module, n) for n in re.findall(r"`(\w+)`", names)}
-    return {f"slime.observability.{m}" for m in moved}, dead, dead_names
-
-
-def _slime_imports(path: Path) -> list[tuple[str, str | None, int]]:
-    out: list[tuple[str, str | None, int]] = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("slime"):
-            out += [(node.module or "", alias.name, node.col_offset) for alias in node.names]
-        elif isinstance(node, ast.Import):
-            out += [
-                (a.name, None, node.col_offset) for a in node.names if a.name.startswith("slime")
-            ]
-    return out
-
-
 @pytest.mark.parametrize("path", [ACTOR, DRIVER], ids=lambda p: p.name)
 def test_slime_modules_and_names_exist_at_the_reference_commit(path: Path) -> None:
-    text = _reference()
-    moved_to, dead, dead_names = _moved_and_removed()
-    imports = _slime_imports(path)
-    assert imports, f"{path.name} should use slime"
-    for module, name, col in imports:
-        assert col > 0, f"{path.name}: slime must be imported lazily, inside a function"
-        assert module not in dead, f"{module} was moved or removed (reference §10)"
-        as_path = "slime/" + module.removeprefix("slime.").replace(".", "/") + ".py"
-        assert module in text or as_path in text or module in moved_to, f"{module} undocumented"
-        if name is not None:
-            assert (module, name) not in dead_names, f"{module}.{name} moved away (§10)"
-            assert re.search(rf"\b{name}\b", text), f"{name} is not in the reference"
+    check_slime_imports(path)
 
 
 def _actor_class() -> ast.ClassDef:
@@ -127,7 +74,7 @@ def _actor_class() -> ast.ClassDef:
 
 
 def test_actor_overrides_only_documented_methods_with_their_parameters() -> None:
-    documented = _documented_methods(_section("### 6.3", "### 6.4"))
+    documented = documented_methods(section("### 6.3", "### 6.4"))
     cls = _actor_class()
     bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
     assert bases == ["MegatronTrainRayActor"]
@@ -145,8 +92,8 @@ def test_actor_overrides_only_documented_methods_with_their_parameters() -> None
 
 
 def test_actor_calls_only_documented_slime_surface() -> None:
-    documented = _documented_methods(_section("### 6.3", "### 6.4"))
-    backuper = _documented_methods(_section("### 7.1", "### 7.2"))
+    documented = documented_methods(section("### 6.3", "### 6.4"))
+    backuper = documented_methods(section("### 7.1", "### 7.2"))
     tree = ast.parse(ACTOR.read_text())
     defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     used = set()
@@ -169,29 +116,29 @@ def test_actor_calls_only_documented_slime_surface() -> None:
         "load_other_checkpoint",
     }
     assert used <= set(documented)
-    assert "self.weights_backuper" in _reference()
-    assert "`teacher_log_probs`" in _reference() and 'store_prefix="teacher_"' in _reference()
+    assert "self.weights_backuper" in reference()
+    assert "`teacher_log_probs`" in reference() and 'store_prefix="teacher_"' in reference()
 
 
 def _calls(path: Path) -> list[ast.Call]:
     return [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
 
 
-def test_driver_passes_actor_cls_and_calls_documented_methods() -> None:
-    assert "create_training_models(args, pgs, rollout_manager, actor_cls=None)" in _reference()
+def test_driver_passes_actor_cls_and_callsdocumented_methods() -> None:
+    assert "create_training_models(args, pgs, rollout_manager, actor_cls=None)" in reference()
     calls = _calls(DRIVER)
     create = [c for c in calls if getattr(c.func, "id", "") == "create_training_models"]
     assert len(create) == 1 and len(create[0].args) == 3
     assert [k.arg for k in create[0].keywords] == ["actor_cls"]
     parse = [c for c in calls if getattr(c.func, "id", "") == "parse_args"]
     assert [k.arg for k in parse[0].keywords] == ["add_custom_arguments"]
-    assert "parse_args(add_custom_arguments=fn)" in _reference()
+    assert "parse_args(add_custom_arguments=fn)" in reference()
 
     group_line = next(
-        line for line in _reference().splitlines() if "`RayTrainGroup` methods" in line
+        line for line in reference().splitlines() if "`RayTrainGroup` methods" in line
     )
     group_methods = set(re.findall(r"`(\w+)\(", group_line))
-    manager_methods = set(_documented_methods(_section("### 6.4", "\n---")))
+    manager_methods = set(documented_methods(section("### 6.4", "\n---")))
     on_group, on_manager = set(), set()
     for call in calls:
         func = call.func
@@ -236,7 +183,7 @@ def test_every_built_flag_is_documented_or_listed() -> None:
         check_imports=False,
     )
     argv = build_mopd_command(run)
-    text = _reference()
+    text = reference()
     for flag in {a for a in argv if a.startswith("--") and not a.startswith("--mopd-")}:
         attr = flag[2:].replace("-", "_")
         documented = re.search(re.escape(flag) + r"(?![\w-])", text) or re.search(
@@ -287,7 +234,7 @@ def test_rollout_log_hook_has_slimes_call_shape() -> None:
 
     assert ROLLOUT_LOG_HOOK == "dressage.training.metrics.log_rollout_metrics"
     shape = "fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time)"
-    assert shape in _reference()
+    assert shape in reference()
     assert list(inspect.signature(log_rollout_metrics).parameters) == [
         "rollout_id",
         "args",

@@ -1,0 +1,215 @@
+"""The training job on a Ray cluster: RUN.json to slime's command line, the proxy beside it.
+
+    python -m dressage.jobs.train --run-config RUN.json          # RUN.json: "backend": "ray"
+
+The training DAGs submit this entrypoint as a Ray job (the slime image runs it on the head
+node). It:
+
+1. starts the recording proxy on this node, bound to the node's cluster address (Ray's node IP,
+   or ``DRESSAGE_PROXY_HOST``) at ``cluster.proxy_port``, in front of the SGLang router address
+   slime is told to use (``--sglang-router-ip``/``--sglang-router-port``; the proxy retries until
+   slime's engines are up). The admin key comes from ``DRESSAGE_PROXY_ADMIN_KEY``, which the DAG
+   passes as a secret in the job's runtime environment, so every rollout worker has it too;
+2. builds slime's command line: MOPD through the one validated builder
+   (:func:`dressage.launch.slime_command.build_mopd_job`, synchronous
+   ``dressage.training.mopd_train``); GRPO as the paused async driver
+   (``dressage.training.train_async_with_rollout_pause``) over the partial-async rollout and the
+   black-box dispatch. Both get ``--dressage-proxy-url``;
+3. runs it in the foreground, then stops the proxy; its exit status is the job's.
+
+``advanced.cluster`` in RUN.json (:class:`ClusterOptions`) carries the parallelism, GPUs, W&B
+and any further slime/Megatron flags (the model architecture, the optimizer).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from dressage.config.mopd import MOPD_HOOKS
+from dressage.launch.train_job import TrainRunConfig
+
+__all__ = ["ClusterOptions", "ClusterPlan", "cluster_plan", "run_on_cluster"]
+
+GRPO_DRIVER = "dressage.training.train_async_with_rollout_pause"
+PARTIAL_ASYNC_ROLLOUT = "dressage.rollout.partial_async_rollout.generate_rollout_partial_async"
+ADMIN_KEY_ENV = "DRESSAGE_PROXY_ADMIN_KEY"
+
+
+class ClusterOptions(BaseModel):
+    """``advanced.cluster``: how the job runs on the cluster (slime's names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    python: str = "python3"
+    tp_size: int = Field(default=1, ge=1)
+    cp_size: int = Field(default=1, ge=1)
+    pp_size: int = Field(default=1, ge=1)
+    actor_num_nodes: int = Field(default=1, ge=1)
+    actor_num_gpus_per_node: int = Field(default=8, ge=1)
+    colocate: bool = True
+    rollout_num_gpus: int | None = Field(default=None, ge=1)
+    rollout_num_gpus_per_engine: int = Field(default=1, ge=1)
+    max_tokens_per_gpu: int | None = Field(default=None, ge=1)
+    router_port: int = Field(default=30000, ge=1, le=65535)
+    proxy_port: int = Field(default=18000, ge=1, le=65535)
+    use_wandb: bool = False
+    wandb_project: str | None = None
+    wandb_group: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class ClusterPlan(BaseModel):
+    """What :func:`run_on_cluster` runs: the proxy, then slime's command with its environment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    proxy_argv: list[str]
+    proxy_url: str
+    argv: list[str]
+    env: dict[str, str] = Field(repr=False)
+    """Added to the job's environment (the resolved MOPD config, forwarded keys)."""
+
+
+def node_address() -> str:
+    """This node's address on the cluster network."""
+    explicit = os.environ.get("DRESSAGE_PROXY_HOST")
+    if explicit:
+        return explicit
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001 - no Ray here: the hostname's address
+        return socket.gethostbyname(socket.gethostname())
+
+
+def cluster_plan(
+    run: TrainRunConfig,
+    *,
+    cluster: ClusterOptions,
+    max_response_len: int,
+    temperature: float,
+    n_samples_per_prompt: int,
+    partial_rollout: bool,
+    mopd_advantage_clip: float | None,
+    host: str,
+    environ: Mapping[str, str],
+) -> ClusterPlan:
+    """Validate and build (raises :class:`~dressage.config.mopd.MopdConfigError` for MOPD)."""
+    out = Path(run.output_dir)
+    proxy_url = f"http://{host}:{cluster.proxy_port}"
+    router = ["--sglang-router-ip", host, "--sglang-router-port", str(cluster.router_port)]
+    proxy_argv = [sys.executable, "-m", "dressage.proxy.server"]
+    proxy_argv += ["--engine-url", f"http://{host}:{cluster.router_port}"]
+    proxy_argv += ["--host", host, "--port", str(cluster.proxy_port)]
+    proxy_argv += ["--store-dir", str(out / "proxy-store"), "--tokenizer-path", run.student]
+    if partial_rollout:
+        proxy_argv += ["--dressage-partial-rollout", "--record-token-versions"]
+    tail = [*router, "--dressage-proxy-url", proxy_url]
+    if run.objective == "mopd":
+        from dressage.launch.mopd_run import MopdRunConfig
+        from dressage.launch.slime_command import build_mopd_job, write_job_files
+
+        mopd_run = MopdRunConfig(
+            mopd_config=run.mopd_config,
+            output_dir=str(out),
+            hf_checkpoint=run.student,
+            num_rollout=run.num_steps,
+            save_interval=run.num_steps,
+            rollout_batch_size=run.rollout_batch_size,
+            rollout_max_response_len=max_response_len,
+            rollout_temperature=temperature,
+            seed=run.seed,
+            rollout_seed=run.seed,
+            mopd_advantage_clip=mopd_advantage_clip,
+            **cluster.model_dump(exclude={"router_port", "proxy_port", "extra_args"}),
+            extra_args=[*cluster.extra_args, *tail],
+        )
+        job = build_mopd_job(mopd_run, environ=environ)
+        write_job_files(job)
+        return ClusterPlan(proxy_argv=proxy_argv, proxy_url=proxy_url, argv=job.argv, env=job.env)
+    n, rbs = n_samples_per_prompt, run.rollout_batch_size
+    argv = [cluster.python, "-m", GRPO_DRIVER, "--hf-checkpoint", run.student]
+    argv += ["--save", str(out / "checkpoints"), "--save-interval", str(run.num_steps)]
+    argv += ["--tensor-model-parallel-size", str(cluster.tp_size)]
+    argv += ["--context-parallel-size", str(cluster.cp_size)]
+    argv += ["--pipeline-model-parallel-size", str(cluster.pp_size)]
+    argv += ["--actor-num-nodes", str(cluster.actor_num_nodes)]
+    argv += ["--actor-num-gpus-per-node", str(cluster.actor_num_gpus_per_node)]
+    if cluster.rollout_num_gpus is not None:
+        argv += ["--rollout-num-gpus", str(cluster.rollout_num_gpus)]
+    argv += ["--rollout-num-gpus-per-engine", str(cluster.rollout_num_gpus_per_engine)]
+    argv += ["--num-rollout", str(run.num_steps), "--update-weights-interval", "1"]
+    argv += ["--rollout-batch-size", str(rbs), "--n-samples-per-prompt", str(n)]
+    argv += ["--global-batch-size", str(rbs * n)]
+    argv += ["--rollout-max-response-len", str(max_response_len)]
+    argv += ["--rollout-temperature", str(temperature)]
+    if cluster.max_tokens_per_gpu is not None:
+        argv += [
+            "--use-dynamic-batch-size",
+            "--max-tokens-per-gpu",
+            str(cluster.max_tokens_per_gpu),
+        ]
+    argv += ["--seed", str(run.seed), "--rollout-seed", str(run.seed)]
+    argv += ["--advantage-estimator", "grpo", "--loss-type", "policy_loss"]
+    if partial_rollout:
+        argv += ["--rollout-function-path", PARTIAL_ASYNC_ROLLOUT]
+    for attr in (
+        "data_source_path",
+        "custom_generate_function_path",
+        "custom_rm_path",
+        "custom_convert_samples_to_train_data_path",
+        "custom_reward_post_process_path",
+    ):
+        argv += ["--" + attr.replace("_", "-"), MOPD_HOOKS[attr]]
+    if cluster.use_wandb:
+        argv += ["--use-wandb"]
+        argv += ["--wandb-project", cluster.wandb_project] if cluster.wandb_project else []
+        argv += ["--wandb-group", cluster.wandb_group] if cluster.wandb_group else []
+    argv += [*cluster.extra_args, *tail]
+    # The data source reads its datasets from the MOPD JSON (teachers unused by GRPO).
+    env = {"DRESSAGE_MOPD_TEACHER_CONFIG": str(Path(run.mopd_config).resolve())}
+    return ClusterPlan(proxy_argv=proxy_argv, proxy_url=proxy_url, argv=argv, env=env)
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited with status {proc.returncode} before serving")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the proxy at {url} was not healthy within {timeout_s:.0f} s")
+
+
+def run_on_cluster(plan: ClusterPlan, *, ready_timeout_s: float = 300.0) -> int:
+    """Start the proxy, run slime's command to its end, stop the proxy; slime's exit status."""
+    if not os.environ.get(ADMIN_KEY_ENV):
+        raise ValueError(f"{ADMIN_KEY_ENV} is not set (the DAG passes the proxy's admin key)")
+    env = {**os.environ, **plan.env}
+    print(f"proxy: {plan.proxy_url}", flush=True)
+    proxy = subprocess.Popen(plan.proxy_argv, env=env)
+    try:
+        _wait_healthy(proxy, plan.proxy_url, ready_timeout_s)
+        print("slime: " + shlex.join(plan.argv), flush=True)  # keys travel in env only
+        return subprocess.call(plan.argv, env=env)
+    finally:
+        proxy.terminate()
+        try:
+            proxy.wait(30)
+        except subprocess.TimeoutExpired:
+            proxy.kill()

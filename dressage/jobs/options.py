@@ -1,0 +1,121 @@
+"""RUN.json's ``advanced`` options, and the slime-named ``args`` of an embedded training job.
+
+Every part of the embedded default reads the same ``argparse.Namespace`` attributes slime's
+would (the trainer, the rollout manager, the rollout function, the dispatch, the data source and
+the hooks), so one :func:`job_args` builds them all from a :class:`TrainRunConfig`::
+
+    options = JobOptions.model_validate(run.advanced)
+    args = job_args(run, options, student=Path("/ckpt/student"), admin_key=KEY)
+
+The objective picks the hooks: ``mopd`` uses the MOPD advantage, loss, converter and reward
+post-processing (``dressage.config.mopd.MOPD_HOOKS``) with one sample per prompt; ``grpo`` uses
+slime's GRPO estimator and policy loss with ``n_samples_per_prompt`` samples per prompt. One
+optimizer step per rollout (``global_batch_size`` = prompts x samples per prompt).
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dressage.config.mopd import MOPD_HOOKS
+from dressage.jobs.cluster import ClusterOptions
+from dressage.launch.train_job import TrainRunConfig
+from dressage.training.embedded import trainer_args
+
+__all__ = ["JobOptions", "job_args"]
+
+PARTIAL_ASYNC_ROLLOUT = "dressage.rollout.partial_async_rollout.generate_rollout_partial_async"
+BATCH_ROLLOUT = "dressage.rollout.batch_rollout.generate_rollout"
+
+
+class JobOptions(BaseModel):
+    """``advanced`` in RUN.json; an unknown key is an error (it is most likely a typo)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partial_rollout: bool = True
+    """Agents keep running across weight updates (the partial-async rollout); otherwise each
+    rollout is one synchronous batch."""
+    learning_rate: float = Field(1e-5, gt=0)
+    n_samples_per_prompt: int = Field(4, ge=1)
+    """GRPO only (MOPD takes one sample per prompt)."""
+    max_response_len: int = Field(128, ge=1)
+    """Tokens per model call of an agent (``--rollout-max-response-len``)."""
+    temperature: float = Field(1.0, gt=0)
+    device: str = "auto"
+    agent: str | None = None
+    """The agent (``DRESSAGE_AGENT`` syntax); default the dispatch's (``tool_user``)."""
+    agent_max_turns: int | None = Field(None, ge=1)
+    agent_timeout_s: float | None = Field(None, gt=0)
+    max_staleness: int | None = Field(None, ge=0)
+    """Drop (or mask) groups older than this many weight versions (partial rollout)."""
+    stale_policy: Literal["drop", "mask"] = "drop"
+    groups_in_flight: int | None = Field(None, ge=1)
+    """Groups the background rollout keeps generating (default 2 x rollout_batch_size)."""
+    mopd_advantage_clip: float | None = Field(None, gt=0)
+    shuffle: bool = False
+    cluster: ClusterOptions = ClusterOptions()
+    """The ray backend's parallelism, GPUs, W&B and further slime flags."""
+
+
+def job_args(
+    run: TrainRunConfig, options: JobOptions, *, student: Path, admin_key: str | None
+) -> Namespace:
+    """The run's slime-named options (see the module docstring)."""
+    mopd = run.objective == "mopd"
+    n = 1 if mopd else options.n_samples_per_prompt
+    values: dict[str, object] = {
+        # trainer (dressage.training.embedded)
+        "hf_checkpoint": str(student),
+        "device": options.device,
+        "seed": run.seed,
+        "lr": options.learning_rate,
+        "global_batch_size": run.rollout_batch_size * n,
+        "rollout_temperature": options.temperature,
+        # driver (slime's train_async.py names)
+        "num_rollout": run.num_steps,
+        "update_weights_interval": 1,
+        "save_interval": run.num_steps,
+        "eval_interval": None,
+        # rollout
+        "rollout_function_path": (
+            PARTIAL_ASYNC_ROLLOUT if options.partial_rollout else BATCH_ROLLOUT
+        ),
+        "rollout_batch_size": run.rollout_batch_size,
+        "n_samples_per_prompt": n,
+        "rollout_max_response_len": options.max_response_len,
+        "rollout_seed": run.seed,
+        "rollout_shuffle": options.shuffle,
+        "mopd_config": run.mopd_config,
+        "data_source_path": MOPD_HOOKS["data_source_path"],
+        "custom_generate_function_path": MOPD_HOOKS["custom_generate_function_path"],
+        "custom_rm_path": MOPD_HOOKS["custom_rm_path"],
+        "custom_convert_samples_to_train_data_path": MOPD_HOOKS[
+            "custom_convert_samples_to_train_data_path"
+        ],
+        "custom_reward_post_process_path": MOPD_HOOKS["custom_reward_post_process_path"],
+        "dressage_proxy_url": run.proxy_url,
+        "dressage_proxy_admin_key": admin_key,
+        "dressage_agent": options.agent,
+        "dressage_agent_max_turns": options.agent_max_turns,
+        "dressage_agent_timeout": options.agent_timeout_s,
+        "dressage_max_staleness": options.max_staleness,
+        "dressage_stale_policy": options.stale_policy,
+        "dressage_async_groups_in_flight": options.groups_in_flight,
+    }
+    if mopd:
+        values |= {
+            "advantage_estimator": "mopd",
+            "loss_type": "custom_loss",
+            "custom_loss_function_path": MOPD_HOOKS["custom_loss_function_path"],
+            "custom_advantage_function_path": MOPD_HOOKS["custom_advantage_function_path"],
+            "rewards_normalization": False,
+            "mopd_advantage_clip": options.mopd_advantage_clip,
+        }
+    else:
+        values |= {"advantage_estimator": "grpo", "loss_type": "policy_loss"}
+    return trainer_args(**values)

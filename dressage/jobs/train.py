@@ -1,0 +1,208 @@
+"""The training job: RUN.json in, a trained student and its artifacts out.
+
+    DRESSAGE_PROXY_ADMIN_KEY=... python -m dressage.jobs.train --run-config RUN.json
+
+RUN.json is a :class:`~dressage.launch.train_job.TrainRunConfig` (written by the training DAGs'
+``prepare_job``); its ``advanced`` options are :class:`~dressage.jobs.options.JobOptions`. On the
+embedded backend the engine and the proxy already run (``engine_url``, ``proxy_url``; the DAG's
+setup task started them) and the job runs, in this process, slime's async loop
+(:func:`dressage.training.train_async_with_rollout_pause.train_async`) over the embedded
+backend: the PyTorch trainer (with the MOPD teachers), the rollout manager on its own thread
+(partial-async rollout with black-box agents through the proxy, or one synchronous batch per
+step), and a weight update through ``/update_weights_from_disk`` after every step, with the
+proxy paused around it (``DRESSAGE_PROXY_PAUSE_*``). On the ray backend (a Ray job on the
+cluster) it starts the proxy on this node and runs slime's command line
+(:mod:`dressage.jobs.cluster`). What it writes is described in
+:mod:`dressage.jobs.outputs`; checkpoints go to ``output_dir/checkpoints/``.
+
+Exit status: 0 done; 2 a run config that cannot run (the message says why); 1 a failure during
+the run (with its traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from dressage.config.env import env_str
+from dressage.config.mopd import MopdConfigError, load_mopd_config, resolve_checkpoint
+from dressage.jobs.options import JobOptions, job_args
+from dressage.jobs.outputs import RunOutputs
+from dressage.launch.train_job import TrainRunConfig
+from dressage.reporting.metrics import HELDOUT_KL_PREFIX as HELDOUT_KL
+
+__all__ = ["JobConfigError", "main", "run_job"]
+
+log = logging.getLogger("dressage.jobs.train")
+
+
+class JobConfigError(ValueError):
+    """RUN.json (or what it points at) cannot run; the message names the field."""
+
+
+def _load(path: Path) -> tuple[TrainRunConfig, JobOptions]:
+    try:
+        run = TrainRunConfig.model_validate(json.loads(path.read_text()))
+        options = JobOptions.model_validate(run.advanced)
+    except (OSError, ValueError, ValidationError) as exc:
+        raise JobConfigError(f"run config {path}: {exc}") from None
+    if run.backend == "embedded" and (not run.engine_url or not run.proxy_url):
+        raise JobConfigError(
+            f"run config {path}: the embedded backend needs engine_url and proxy_url"
+        )
+    return run, options
+
+
+def _check_service(name: str, url: str) -> None:
+    try:
+        status = httpx.get(f"{url.rstrip('/')}/health", timeout=30).status_code
+    except httpx.HTTPError as exc:
+        raise JobConfigError(f"{name} at {url} is unreachable: {exc}") from None
+    if status != 200:
+        raise JobConfigError(f"{name} at {url} answers /health with HTTP {status}")
+
+
+def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
+    """The ray backend: slime's command with the proxy beside it (:mod:`dressage.jobs.cluster`)."""
+    from dressage.jobs.cluster import cluster_plan, node_address, run_on_cluster
+
+    try:
+        plan = cluster_plan(
+            run.model_copy(update={"student": str(resolve_checkpoint(run.student))}),
+            cluster=options.cluster,
+            max_response_len=options.max_response_len,
+            temperature=options.temperature,
+            n_samples_per_prompt=options.n_samples_per_prompt,
+            partial_rollout=options.partial_rollout,
+            mopd_advantage_clip=options.mopd_advantage_clip,
+            host=node_address(),
+            environ=os.environ,
+        )
+        return run_on_cluster(plan)
+    except (MopdConfigError, ValueError) as exc:
+        raise JobConfigError(str(exc)) from None
+
+
+def run_job(run_config: Path) -> dict[str, Any]:
+    """Run RUN.json to the end; returns the summary (see the module docstring)."""
+    from dressage.proxy.client import SyncProxyClient
+    from dressage.rollout.data_source import MopdDataSource
+    from dressage.training.embedded import EmbeddedTrainer
+    from dressage.training.embedded.async_backend import EmbeddedAsyncBackend, RolloutBatch
+    from dressage.training.embedded.rollout import EmbeddedRolloutManager
+    from dressage.training.rollout_pause import RolloutPause
+    from dressage.training.train_async_with_rollout_pause import train_async
+
+    run, options = _load(run_config)
+    admin_key = env_str("DRESSAGE_PROXY_ADMIN_KEY")
+    if not admin_key:
+        raise JobConfigError("DRESSAGE_PROXY_ADMIN_KEY is not set (the proxy's admin key)")
+    assert run.engine_url and run.proxy_url  # _load checked
+    _check_service("engine", run.engine_url)
+    _check_service("proxy", run.proxy_url)
+    try:
+        config = load_mopd_config(run.mopd_config).materialize()
+    except MopdConfigError as exc:
+        raise JobConfigError(str(exc)) from None
+    student = resolve_checkpoint(run.student)
+    teachers: dict[str, str] = {}
+    if run.objective == "mopd":
+        teachers = {tid: t.load for tid, t in config.teachers.items()}
+    args = job_args(run, options, student=student, admin_key=admin_key)
+    output = Path(run.output_dir)
+    print(
+        f"{run.objective} on {student}: {run.num_steps} steps x {run.rollout_batch_size} prompts, "
+        f"teachers {sorted(teachers) or '-'}, partial rollout {options.partial_rollout}",
+        flush=True,
+    )
+
+    trainer = EmbeddedTrainer(args, teachers=teachers)
+    manager = EmbeddedRolloutManager(args, MopdDataSource(args))
+    probe = None
+    initial: dict[str, float] = {}
+    if run.objective == "mopd":  # the exact reverse KL on held-out rows (datasets' eval_path)
+        from dressage.training.embedded.probe import HeldOutProbe
+
+        probe = HeldOutProbe.collect(args, config)
+        if probe is not None:
+            initial = probe.measure(trainer.model)
+            shown = " ".join(f"{k}={v:.4f}" for k, v in initial.items())
+            print(f"held-out reverse KL before training: {shown}", flush=True)
+    pause = RolloutPause.from_env(proxy_url=run.proxy_url, admin_key=admin_key)
+    with SyncProxyClient(run.proxy_url, admin_key=admin_key) as proxy:
+        outputs = RunOutputs(output, num_steps=run.num_steps, proxy=proxy)
+
+        def on_trained(batch: RolloutBatch, metrics: dict[str, float]) -> None:
+            if probe is not None:
+                held_out = probe.measure(trainer.model)
+                metrics = metrics | {f"{HELDOUT_KL}{k}": v for k, v in held_out.items()}
+            outputs.step(batch, metrics, pause.events[-1] if pause.events else None)
+
+        backend = EmbeddedAsyncBackend(
+            trainer=trainer,
+            rollout_manager=manager,
+            engine_url=run.engine_url,
+            weights_dir=output / "weights",
+            checkpoint_dir=output / "checkpoints",
+            on_trained=on_trained,
+        )
+        try:
+            train_async(args, backend, pause)
+        finally:
+            pause.close()
+        summary = {
+            "objective": run.objective,
+            "steps": run.num_steps,
+            "student": str(student),
+            "teachers": sorted(teachers),
+            "partial_rollout": options.partial_rollout,
+            "weight_version": backend.version,
+            "weight_updates": len(pause.events),
+            "heldout_reverse_kl_initial": initial,
+            "paused_calls": sum(
+                (e.get("pause") or {}).get("paused_calls", 0) for e in pause.events
+            ),
+        }
+        outputs.finish(summary)
+    print(f"done: {run.num_steps} steps, weight version {backend.version}", flush=True)
+    return summary
+
+
+def _quiet_progress_bars() -> None:
+    """The job's log is read by people and the DAG's progress: no per-load tqdm bars."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # the ray backend's launcher process needs no transformers
+        return
+    hf_logging.disable_progress_bar()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dressage.jobs.train", description=__doc__)
+    parser.add_argument("--run-config", required=True, type=Path, help="RUN.json")
+    parser.add_argument("--log-level", default="WARNING")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    _quiet_progress_bars()
+    try:
+        run, options = _load(ns.run_config)
+        if run.backend == "ray":
+            return run_cluster_job(run, options)
+        run_job(ns.run_config)
+    except JobConfigError as exc:
+        print(f"dressage.jobs.train: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The embedded port of the async driver: one process, rollouts on a thread, training here.
+
+    backend = EmbeddedAsyncBackend(trainer, rollout_manager, engine_url=ENGINE,
+                                   weights_dir=OUT / "weights")
+    train_async(args, backend, RolloutPause.from_env(proxy_url=PROXY))
+    # dressage.training.train_async_with_rollout_pause.train_async
+
+``generate`` hands ``rollout_manager.generate(rollout_id)`` (an ``EmbeddedRolloutManager``, or
+anything returning ``(train_data, samples, metrics)``) to a one-thread pool, so rollout ``N + 1``
+runs while the :class:`~dressage.training.embedded.EmbeddedTrainer` trains on rollout ``N`` in
+the caller's thread (torch releases the GIL in its kernels; the engine and the proxy are other
+processes or threads). ``update_weights`` writes the trainer's weights and has the engine load
+them with ``/update_weights_from_disk`` under the next integer version (the driver pauses the
+proxy around it). ``timeline`` records when each rollout was generated and trained, and each
+update, so the overlap can be seen (and is tested).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = ["EmbeddedAsyncBackend", "RolloutBatch", "TimelineEvent"]
+
+log = logging.getLogger(__name__)
+
+UpdateFn = Callable[[Any, str, int, Path], Any]
+"""``(trainer, engine_url, version, out_dir)``: push the trainer's weights as ``version``."""
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout as the manager produced it, with when it ran."""
+
+    rollout_id: int
+    train_data: dict[str, Any]
+    samples: list[Any]
+    metrics: dict[str, Any]
+    started: float
+    finished: float
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    kind: str
+    """``generate``, ``train`` or ``update``."""
+    rollout_id: int
+    start: float
+    end: float
+
+
+@dataclass
+class EmbeddedAsyncBackend:
+    """See the module docstring. ``on_trained(batch, train_metrics)`` runs after each step."""
+
+    trainer: Any
+    rollout_manager: Any
+    engine_url: str
+    weights_dir: Path
+    checkpoint_dir: Path | None = None
+    update_engine_weights: UpdateFn | None = None
+    on_trained: Callable[[RolloutBatch, dict[str, float]], None] | None = None
+    version: int = -1
+    """The engine's weight version (read from ``/model_info`` when -1)."""
+    timeline: list[TimelineEvent] = field(default_factory=list)
+    _pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="dressage-rollout")
+    )
+
+    def __post_init__(self) -> None:
+        if self.version < 0:
+            info = httpx.get(f"{self.engine_url.rstrip('/')}/model_info", timeout=30).json()
+            text = str(info.get("weight_version", "0"))
+            self.version = int(text) if text.isdigit() else 0
+
+    # -- the AsyncTrainBackend protocol ----------------------------------------------------------
+    def generate(self, rollout_id: int) -> Future[RolloutBatch]:
+        return self._pool.submit(self._generate, rollout_id)
+
+    def _generate(self, rollout_id: int) -> RolloutBatch:
+        started = time.monotonic()
+        train_data, samples, metrics = self.rollout_manager.generate(rollout_id)
+        finished = time.monotonic()
+        self.timeline.append(TimelineEvent("generate", rollout_id, started, finished))
+        return RolloutBatch(rollout_id, train_data, samples, dict(metrics), started, finished)
+
+    def wait(self, handle: Future[RolloutBatch]) -> RolloutBatch:
+        return handle.result()
+
+    def train(self, rollout_id: int, rollout_data: RolloutBatch) -> None:
+        started = time.monotonic()
+        metrics = self.trainer.train(rollout_id, rollout_data.train_data)
+        self.timeline.append(TimelineEvent("train", rollout_id, started, time.monotonic()))
+        if self.on_trained is not None:
+            self.on_trained(rollout_data, metrics)
+
+    def save(self, rollout_id: int) -> None:
+        if self.checkpoint_dir is not None:
+            self.trainer.save_weights(self.checkpoint_dir / f"rollout-{rollout_id:05d}")
+
+    def update_weights(self) -> int:
+        update = self.update_engine_weights
+        if update is None:
+            from dressage.training.embedded.rollout import update_engine_weights
+
+            update = update_engine_weights
+        version = self.version + 1
+        started = time.monotonic()
+        update(self.trainer, self.engine_url, version, self.weights_dir)
+        self.timeline.append(TimelineEvent("update", version, started, time.monotonic()))
+        self.version = version
+        return version
+
+    def evaluate(self, rollout_id: int) -> None:
+        log.info("rollout %d: the embedded backend has no evaluation pass; skipped", rollout_id)
+
+    def dispose(self) -> None:
+        from dressage.rollout.partial_async_rollout import stop_partial_async_workers
+
+        self._pool.shutdown(wait=True)
+        stop_partial_async_workers()

@@ -1,0 +1,128 @@
+"""The ray backend's entrypoint: slime's command line and the proxy started beside it.
+
+slime does not run here: a stand-in interpreter takes the place of the slime image's python and
+records what it was given, while the real proxy runs beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from dressage.config.mopd import MOPD_HOOKS, resolve_checkpoint
+from dressage.jobs.cluster import ClusterOptions, cluster_plan
+from dressage.jobs.train import main
+from dressage.launch.train_job import TrainRunConfig
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.integration
+
+EMBEDDED = str(REPO / "configs/mopd/embedded.json")
+
+
+def _run(tmp_path: Path, objective: str = "mopd", **advanced: object) -> TrainRunConfig:
+    return TrainRunConfig(
+        objective=objective,  # type: ignore[arg-type]
+        mopd_config=EMBEDDED,
+        student="tiny:seed=0",
+        engine_url=None,
+        proxy_url=None,
+        output_dir=str(tmp_path / "out"),
+        num_steps=5,
+        seed=11,
+        rollout_batch_size=16,
+        backend="ray",
+        advanced=dict(advanced),
+    )
+
+
+def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-def]
+    return cluster_plan(
+        run.model_copy(update={"student": str(resolve_checkpoint(run.student))}),
+        cluster=ClusterOptions.model_validate(cluster),
+        max_response_len=256,
+        temperature=1.0,
+        n_samples_per_prompt=4,
+        partial_rollout=True,
+        mopd_advantage_clip=None,
+        host="10.0.0.7",
+        environ={},
+    )
+
+
+def _value(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, flag
+    return argv[argv.index(flag) + 1]
+
+
+def test_mopd_runs_the_validated_slime_command_with_the_proxy_on_this_node(tmp_path: Path) -> None:
+    plan = _plan(_run(tmp_path), tp_size=2, actor_num_gpus_per_node=4, proxy_port=18123)
+    assert plan.argv[:3] == ["python3", "-m", "dressage.training.mopd_train"]
+    assert _value(plan.argv, "--dressage-proxy-url") == "http://10.0.0.7:18123"
+    assert _value(plan.argv, "--sglang-router-ip") == "10.0.0.7"
+    assert _value(plan.argv, "--tensor-model-parallel-size") == "2"
+    assert _value(plan.argv, "--num-rollout") == "5"
+    assert _value(plan.argv, "--n-samples-per-prompt") == "1"  # MOPD: one per prompt
+    assert _value(plan.argv, "--seed") == _value(plan.argv, "--rollout-seed") == "11"
+    resolved = Path(plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"])
+    assert resolved.is_file() and _value(plan.argv, "--mopd-config") == str(resolved)
+    assert _value(plan.proxy_argv, "--engine-url") == "http://10.0.0.7:30000"
+    assert _value(plan.proxy_argv, "--host") == "10.0.0.7"
+    assert "--record-token-versions" in plan.proxy_argv
+
+
+def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Path) -> None:
+    plan = _plan(_run(tmp_path, objective="grpo"), extra_args=["--num-layers", "2"])
+    assert plan.argv[:3] == ["python3", "-m", "dressage.training.train_async_with_rollout_pause"]
+    assert _value(plan.argv, "--advantage-estimator") == "grpo"
+    assert _value(plan.argv, "--n-samples-per-prompt") == "4"
+    assert _value(plan.argv, "--global-batch-size") == "64"
+    assert _value(plan.argv, "--rollout-function-path").endswith("generate_rollout_partial_async")
+    for attr in ("custom_generate_function_path", "custom_rm_path", "data_source_path"):
+        assert _value(plan.argv, "--" + attr.replace("_", "-")) == MOPD_HOOKS[attr]
+    assert _value(plan.argv, "--num-layers") == "2"
+    assert plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"] == EMBEDDED
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_the_entrypoint_serves_the_proxy_while_slime_runs_and_stops_it_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = tmp_path / "slime.json"
+    fake = tmp_path / "python3"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys, httpx\n"
+        "url = sys.argv[sys.argv.index('--dressage-proxy-url') + 1]\n"
+        "health = httpx.get(url + '/health').status_code\n"
+        "denied = httpx.get(url + '/v1/rollout/pause_state').status_code\n"
+        f"json.dump({{'argv': sys.argv[1:], 'health': health, 'denied': denied,\n"
+        "    'key': bool(os.environ.get('DRESSAGE_PROXY_ADMIN_KEY')),\n"
+        "    'config': os.environ.get('DRESSAGE_MOPD_TEACHER_CONFIG')},\n"
+        f"    open({str(record)!r}, 'w'))\n"
+        "sys.exit(7)\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    port = _free_port()
+    run = _run(tmp_path, cluster={"python": str(fake), "proxy_port": port, "router_port": 9})
+    path = run.write(tmp_path / "run.json")
+    monkeypatch.setenv("DRESSAGE_PROXY_HOST", "127.0.0.1")
+    monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_KEY", "cluster-admin-key")
+    assert main(["--run-config", str(path)]) == 7  # slime's exit status is the job's
+    seen = json.loads(record.read_text())
+    assert seen["argv"][:2] == ["-m", "dressage.training.mopd_train"]
+    assert seen["health"] == 200 and seen["denied"] == 401  # control endpoints need the key
+    assert seen["key"] and seen["config"] and os.path.isfile(seen["config"])
+    with socket.socket() as sock:  # the proxy is gone
+        assert sock.connect_ex(("127.0.0.1", port)) != 0

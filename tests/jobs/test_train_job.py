@@ -1,0 +1,179 @@
+"""``python -m dressage.jobs.train`` as the training DAGs run it: a real engine and proxy (as their
+setup task starts them), RUN.json, the admin key in the environment; a short MOPD run whose
+outputs then go through the DAG's own staging and pandera checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dressage.config.mopd import resolve_checkpoint
+from dressage.engine.testing import serve_engine
+from dressage.jobs.train import main
+from dressage.launch.train_job import TrainRunConfig
+from dressage.proxy.config import ProxyConfig
+from dressage.proxy.testing import serve_proxy
+from dressage.staging import open_artifact
+from dressage.staging.checks import check_run_tables
+from dressage.staging.stage import stage_run
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.integration
+
+ADMIN = "admin-key-for-the-job-test"
+STEPS = 3
+DATA = REPO / "configs" / "mopd" / "data"
+
+
+def _mopd_config(root: Path) -> Path:
+    config = {
+        "student": {"hf_checkpoint": "tiny:seed=0"},
+        "teachers": {"calculator": {"load": "tiny:seed=1"}, "lookup": {"load": "tiny:seed=2"}},
+        "datasets": [
+            {
+                "name": task,
+                "path": str(DATA / f"{task}.jsonl"),
+                "teacher_id": task,
+                "weight": 1.0,
+                "agent_mode": "blackbox",
+                "task": task,
+            }
+            for task in ("calculator", "lookup")
+        ],  # fmt: skip
+        "reward_modules": ["dressage.reward.builtin"],
+    }
+    path = root / "mopd.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _run_job(run: TrainRunConfig, root: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    path = run.write(root / "run.json")
+    return subprocess.run(
+        [sys.executable, "-m", "dressage.jobs.train", "--run-config", str(path)],
+        cwd=REPO,
+        env={**os.environ, "DRESSAGE_PROXY_ADMIN_KEY": ADMIN, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    student = resolve_checkpoint("tiny:seed=0")
+    store = tmp_path_factory.mktemp("proxy-store")
+    with serve_engine(student, device="cpu", num_threads=1, weight_version="0") as engine_url:
+        config = ProxyConfig(
+            engine_url=engine_url,
+            store_dir=store,
+            admin_key=ADMIN,
+            tokenizer_path=str(student),
+            partial_rollout=True,
+            record_token_versions=True,
+        )
+        with serve_proxy(config) as proxy_url:
+            yield engine_url, proxy_url
+
+
+def _run_config(root: Path, services: tuple[str, str], **advanced: Any) -> TrainRunConfig:
+    return TrainRunConfig(
+        objective="mopd",
+        mopd_config=str(_mopd_config(root)),
+        student="tiny:seed=0",
+        engine_url=services[0],
+        proxy_url=services[1],
+        output_dir=str(root / "output"),
+        num_steps=STEPS,
+        seed=3,
+        rollout_batch_size=2,
+        advanced={
+            "partial_rollout": True,
+            "learning_rate": 1e-4,
+            "device": "cpu",
+            "max_response_len": 24,
+            "agent_max_turns": 2,
+            "groups_in_flight": 3,
+            **advanced,
+        },
+    )
+
+
+def test_a_short_mopd_run_writes_what_the_dags_stage_and_check(
+    services: tuple[str, str], tmp_path: Path
+) -> None:
+    run = _run_config(tmp_path, services)
+    done = _run_job(run, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    for step in range(1, STEPS + 1):
+        assert any(line.startswith(f"step {step}/{STEPS} reverse_kl=") for line in lines), lines
+    assert lines[-1] == f"done: {STEPS} steps, weight version {STEPS + 1}"
+
+    output = Path(run.output_dir)
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(STEPS))
+    teachers_seen = set()
+    for record in records:
+        metrics = record["metrics"]
+        assert metrics["train/mopd_reverse_kl"] is not None
+        for key in metrics:
+            if key.startswith("rollout/mopd/opd_reverse_kl_train_aggregation_mean/"):
+                teachers_seen.add(key.rsplit("/", 1)[1])
+                teacher = key.rsplit("/", 1)[1]
+                assert f"rollout/mopd/raw_reward_trainable_trajectory_mean/{teacher}" in metrics
+        assert metrics["pause/paused"] == 1.0 and "pause/latency_s" in metrics
+    assert teachers_seen and teachers_seen <= {"calculator", "lookup"}
+
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["weight_version"] == STEPS + 1 and summary["weight_updates"] == STEPS + 1
+    assert summary["teachers"] == ["calculator", "lookup"]
+    assert (output / "checkpoints" / f"rollout-{STEPS - 1:05d}" / "config.json").is_file()
+    info = httpx.get(f"{services[0]}/model_info").json()
+    assert info["weight_version"] == str(STEPS + 1), "the engine serves the trained weights"
+
+    for step in range(STEPS):
+        artifact = open_artifact((output / "artifacts" / f"rollout-{step:05d}").as_uri())
+        samples = artifact.read_table("samples")
+        assert samples.num_rows >= 2
+        assert artifact.read_table("train_data").num_rows == samples.num_rows
+        assert artifact.read_table("segments").num_rows >= 1
+        assert artifact.read_table("steps").num_rows >= 1
+    staged = stage_run(str(output), (tmp_path / "staged").as_uri(), metadata={"steps": STEPS})
+    for kind in ("segments", "samples", "train_data"):
+        result = check_run_tables(str(staged.url), kind)
+        assert result["ok"], result
+        assert len(result["rollouts"]) == STEPS
+
+
+def test_a_run_config_that_cannot_run_exits_2(
+    services: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def run(config: TrainRunConfig) -> tuple[int, str]:
+        code = main(["--run-config", str(config.write(tmp_path / "run.json"))])
+        return code, capsys.readouterr().err
+
+    monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_KEY", ADMIN)
+    code, err = run(_run_config(tmp_path, services, learning_rat=1e-4))
+    assert code == 2 and "learning_rat" in err and "Extra inputs are not permitted" in err
+    on_ray = _run_config(tmp_path, services, cluster={"extra_args": ["--use-kl-loss"]})
+    code, err = run(on_ray.model_copy(update={"backend": "ray"}))
+    assert code == 2 and "--use-kl-loss" in err  # MOPD's own checks, before anything starts
+    down = _run_config(tmp_path, services).model_copy(update={"proxy_url": "http://127.0.0.1:9"})
+    code, err = run(down)
+    assert code == 2 and "proxy at http://127.0.0.1:9 is unreachable" in err
+    monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_KEY", "")
+    code, err = run(_run_config(tmp_path, services))
+    assert code == 2 and "DRESSAGE_PROXY_ADMIN_KEY is not set" in err
+    assert not (tmp_path / "output").exists(), "nothing ran"

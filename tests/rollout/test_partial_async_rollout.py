@@ -1,0 +1,131 @@
+"""The partial-async rollout function: full batches, carry-over, start-version tags, the
+staleness bound (drop and mask), evaluation without carry-over, and failures that surface."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dressage.rollout import partial_async_rollout as par
+from dressage.rollout.group_generation import leaves
+from dressage.types import RolloutFnEvalOutput, RolloutFnTrainOutput, Sample
+from tests.rollout import partial_async_hooks as hooks
+
+pytestmark = pytest.mark.unit
+
+HOOKS = "tests.rollout.partial_async_hooks"
+
+
+@pytest.fixture(autouse=True)
+def clean() -> Iterator[None]:
+    hooks.VERSION["current"] = 0
+    hooks.FAIL_INDEX["index"] = -1
+    yield
+    par.stop_partial_async_workers()
+
+
+def _args(**overrides: Any) -> SimpleNamespace:
+    values: dict[str, Any] = {
+        "rollout_batch_size": 2,
+        "n_samples_per_prompt": 2,
+        "dressage_async_groups_in_flight": 6,
+        "custom_generate_function_path": f"{HOOKS}.generate",
+        "custom_rm_path": f"{HOOKS}.reward",
+        "dressage_version_source_path": f"{HOOKS}.version",
+        "rollout_temperature": 1.0,
+    }
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def _rollout(args: Any, rid: int, source: Any) -> RolloutFnTrainOutput:
+    out = par.generate_rollout_partial_async(args, rid, source)
+    assert isinstance(out, RolloutFnTrainOutput)
+    return out
+
+
+def test_slimes_call_shape() -> None:
+    signature = inspect.signature(par.generate_rollout_partial_async)
+    assert list(signature.parameters) == ["args", "rollout_id", "data_source", "evaluation"]
+    assert signature.parameters["evaluation"].default is False
+
+
+def test_each_call_returns_a_full_batch_and_carries_the_rest_over() -> None:
+    source, args = hooks.ListDataSource(), _args()
+    returned: list[int] = []
+    for rid in range(3):
+        out = _rollout(args, rid, source)
+        assert len(out.samples) == 2 and all(len(g) == 2 for g in out.samples)
+        for group in out.samples:
+            assert len({s.group_index for s in group}) == 1
+            assert all(s.reward == pytest.approx(1 + s.index / 1000) for s in group)
+            assert all(s.metadata["dressage_group_start_version"] == 0 for s in group)
+        returned += [g[0].group_index for g in out.samples]
+        assert out.metrics is not None and out.metrics["partial_async/groups_started"] >= 6
+    assert len(set(returned)) == 6, "no group is returned twice"
+    worker = par._WORKERS[id(source)]
+    deadline = time.monotonic() + 10
+    while worker.finished.qsize() < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the worker keeps generating between calls
+    carried = [g.samples[0].group_index for g in list(worker.finished.queue)]
+    assert len(carried) >= 6 and not set(carried) & set(returned)
+    out = _rollout(args, 3, source)
+    assert [g[0].group_index for g in out.samples] == carried[:2], "oldest finished first"
+
+
+def test_stale_groups_are_dropped_and_their_prompts_requeued() -> None:
+    source = hooks.ListDataSource()
+    args = _args(dressage_max_staleness=1, dressage_stale_policy="drop")
+    _rollout(args, 0, source)
+    worker = par._WORKERS[id(source)]
+    while worker.finished.qsize() < 4:
+        time.sleep(0.02)
+    hooks.VERSION["current"] = 3  # two weight updates later: the carried groups are too old
+    out = _rollout(args, 1, source)
+    assert out.metrics is not None and out.metrics["partial_async/dropped_stale_groups"] >= 4
+    for sample in leaves(out.samples):
+        assert par.oldest_version([sample]) is not None
+        assert par.oldest_version([sample]) >= 2  # type: ignore[operator]
+    assert len(source.requeued) >= 4
+    for group in source.requeued:  # fresh prompt copies, not the finished samples
+        assert all(s.status == Sample.Status.PENDING and not s.tokens for s in group)
+
+
+def test_stale_tokens_are_masked_when_configured() -> None:
+    source = hooks.ListDataSource()
+    args = _args(dressage_max_staleness=0, dressage_stale_policy="mask")
+    _rollout(args, 0, source)
+    hooks.VERSION["current"] = 1
+    time.sleep(0.02)
+    masked = kept_old = 0
+    for rid in range(1, 4):
+        out = _rollout(args, rid, source)
+        for sample in leaves(out.samples):
+            versions = sample.metadata["full_versions"][2:]
+            for m, v in zip(sample.loss_mask, versions, strict=True):
+                assert m == (1 if v >= 1 else 0), (versions, sample.loss_mask)
+                masked += v < 1
+            kept_old += 0 in versions
+    assert masked > 0 and kept_old > 0, "old tokens were kept, with mask 0"
+
+
+def test_evaluation_runs_one_plain_batch() -> None:
+    source, args = hooks.ListDataSource(), _args()
+    out = par.generate_rollout_partial_async(args, 5, source, evaluation=True)
+    assert isinstance(out, RolloutFnEvalOutput)
+    data = out.data["default"]
+    assert len(data["samples"]) == 4 and len(data["rewards"]) == 4
+    assert id(source) not in par._WORKERS, "evaluation starts no background worker"
+
+
+def test_a_failing_agent_surfaces_in_the_next_call() -> None:
+    source, args = hooks.ListDataSource(), _args()
+    hooks.FAIL_INDEX["index"] = 3
+    with pytest.raises(RuntimeError, match="agent of sample 3 crashed"):
+        for rid in range(5):
+            _rollout(args, rid, source)
