@@ -6,13 +6,17 @@ hook: slime forwards the ``prompt`` slot, which carries ``teacher_id``, to the D
 ``rollout_data`` but not into the loss batch). The hook stores them in ``rollout_data`` as 0-d
 tensors under ``mopd/...`` keys, to be logged as ``rollout/mopd/...``: a trainer takes them out
 with :func:`pop_rollout_metrics` and logs them itself (the embedded trainer does; slime's actor
-should do the same before its per-key rollout logging, whose DP gather expects every rank to
-carry the same keys, which a teacher absent from one rank would break).
+cannot: its per-key rollout logging runs right after the hook, and its DP gather expects every
+rank to carry the same keys, which a teacher absent from one rank would break). So under slime
+(``args.mopd_defer_rollout_metrics``, set by ``dressage.training.mopd_actor``) the hook leaves
+``rollout_data`` alone and accumulates (numerator, denominator) pairs per teacher in this
+process (:func:`deferred_sums`); the actor combines them over the data-parallel group after the
+step and logs exact means.
 """
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +24,9 @@ from torch import Tensor
 
 __all__ = [
     "ROLLOUT_METRIC_PREFIX",
+    "deferred_store",
+    "deferred_sums",
+    "means_of",
     "mopd_teacher_metrics",
     "pop_rollout_metrics",
 ]
@@ -58,8 +65,12 @@ def mopd_teacher_metrics(
     sample_denoms: Sequence[float] | Tensor,
     reverse_kl: Sequence[Tensor],
     raw_rewards: Sequence[float | None] | None,
+    sums_out: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, float]:
     """Per-teacher rollout statistics, keyed ``mopd/<name>/<teacher_id>``.
+
+    ``sums_out``, when given, accumulates each statistic's (numerator, denominator), so that
+    shards of a batch (data-parallel ranks) combine exactly (:func:`means_of`).
 
     Args:
         teacher_ids / rollout_ids: one per sample.
@@ -91,11 +102,38 @@ def mopd_teacher_metrics(
         kl_den[tid] = kl_den.get(tid, 0.0) + tokens * weight
         if tokens > 0:
             trainable.setdefault(tid, set()).add(int(rollout_ids[i]))
-    out: dict[str, float] = {}
+    sums: dict[str, tuple[float, float]] = {}
     for tid in kl_num:
-        if kl_den[tid] > 0:
-            out[f"mopd/opd_reverse_kl_train_aggregation_mean/{tid}"] = kl_num[tid] / kl_den[tid]
+        sums[f"mopd/opd_reverse_kl_train_aggregation_mean/{tid}"] = (kl_num[tid], kl_den[tid])
         rewarded = [rewards[r] for r in sorted(trainable.get(tid, set())) if r in rewards]
-        if rewarded:
-            out[f"mopd/raw_reward_trainable_trajectory_mean/{tid}"] = sum(rewarded) / len(rewarded)
+        sums[f"mopd/raw_reward_trainable_trajectory_mean/{tid}"] = (
+            sum(rewarded),
+            float(len(rewarded)),
+        )
+    if sums_out is not None:
+        for key, (num, den) in sums.items():
+            old_num, old_den = sums_out.get(key, (0.0, 0.0))
+            sums_out[key] = (old_num + num, old_den + den)
+    return means_of(sums)
+
+
+def means_of(sums: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """``{key: numerator / denominator}`` for the keys whose denominator is positive."""
+    return {key: num / den for key, (num, den) in sums.items() if den > 0}
+
+
+_DEFERRED: dict[str, tuple[float, float]] = {}
+"""Per-teacher (numerator, denominator) pairs held back from ``rollout_data`` (see
+:func:`defer_rollout_metrics`)."""
+
+
+def deferred_store() -> dict[str, tuple[float, float]]:
+    """Where the advantage hook accumulates deferred sums (``sums_out``) in this process."""
+    return _DEFERRED
+
+
+def deferred_sums() -> dict[str, tuple[float, float]]:
+    """Take the sums the advantage hook deferred in this process since the last call."""
+    out = dict(_DEFERRED)
+    _DEFERRED.clear()
     return out

@@ -33,7 +33,9 @@ from typing import Any, TypeVar
 
 __all__ = [
     "TEACHER_TAG_PREFIX",
+    "combine_sums",
     "group_by_teacher",
+    "log_teacher_metrics",
     "make_mopd_actor_cls",
     "select_teacher_rows",
     "teacher_tag",
@@ -136,6 +138,68 @@ def _load_teachers(actor: Any, args: Any) -> list[str]:
     return sorted(config.teachers)
 
 
+def combine_sums(
+    shards: Sequence[Mapping[str, tuple[float, float]] | None],
+) -> dict[str, tuple[float, float]]:
+    """Add up per-rank (numerator, denominator) pairs key by key."""
+    out: dict[str, tuple[float, float]] = {}
+    for shard in shards:
+        for key, (num, den) in (shard or {}).items():
+            old_num, old_den = out.get(key, (0.0, 0.0))
+            out[key] = (old_num + float(num), old_den + float(den))
+    return out
+
+
+def log_teacher_metrics(args: Any, rollout_id: int) -> dict[str, float]:
+    """Per-teacher MOPD statistics of a step, exact over the data-parallel group.
+
+    The advantage hook deferred them on this rank (``dressage.training.log_helpers``); every rank
+    joins one ``all_gather_object`` over its data-parallel group (a collective: all ranks call
+    this after each step), and the first rank of the group on the last pipeline stage, tensor
+    rank 0, writes ``rollout/mopd/...`` to ``<mopd_metrics_dir>/teachers.jsonl`` and to W&B when
+    a run is active in the process. Returns what it logged (empty on the other ranks).
+    """
+    from dressage.training.log_helpers import deferred_sums, means_of
+
+    local = deferred_sums()
+    shards: list[Mapping[str, tuple[float, float]] | None] = [local]
+    writer = True
+    try:
+        import torch.distributed as dist
+        from megatron.core import mpu
+    except ImportError:  # no Megatron: a single process
+        dist = None  # type: ignore[assignment]
+    if dist is not None and dist.is_initialized():
+        group = mpu.get_data_parallel_group()
+        shards = [None] * dist.get_world_size(group=group)
+        dist.all_gather_object(shards, local, group=group)
+        writer = (
+            mpu.get_data_parallel_rank() == 0
+            and mpu.get_tensor_model_parallel_rank() == 0
+            and mpu.is_pipeline_last_stage()
+        )
+    if not writer:
+        return {}
+    metrics = {f"rollout/{k}": v for k, v in means_of(combine_sums(shards)).items()}
+    if not metrics:
+        return {}
+    from pathlib import Path
+
+    from dressage.training.metrics import MetricsSink
+
+    folder = Path(getattr(args, "mopd_metrics_dir", None) or ".")
+    with MetricsSink(folder / "teachers.jsonl") as sink:
+        sink.log(rollout_id, metrics)
+    try:
+        import wandb
+
+        if getattr(wandb, "run", None) is not None:
+            wandb.log(metrics)
+    except ImportError:
+        pass
+    return metrics
+
+
 @functools.cache
 def make_mopd_actor_cls() -> type:
     """The actor class (imports slime; built once per process)."""
@@ -156,6 +220,7 @@ def make_mopd_actor_cls() -> type:
             if role == "actor":
                 self._mopd_teachers = tuple(_load_teachers(self, args))
                 self._switch_model("actor")
+                args.mopd_defer_rollout_metrics = True  # see log_teacher_metrics
             return start_rollout_id
 
         def _switch_model(self, tag: str) -> None:
@@ -175,6 +240,7 @@ def make_mopd_actor_cls() -> type:
                     f"rollout {rollout_id}: slime ran no log-prob pass, so no teacher scored "
                     "this batch; MOPD needs the actor's log-prob forward"
                 )
+            log_teacher_metrics(self.args, rollout_id)
             return result
 
         def compute_log_prob(

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dressage.training.log_helpers import mopd_teacher_metrics
+from dressage.training.log_helpers import deferred_store, mopd_teacher_metrics
 from dressage.training.log_probs import log_prob_function
 from dressage.training.losses import approx_kl
 from dressage.training.reducer import Reducer
@@ -136,6 +136,7 @@ def compute_mopd_advantages(args: Namespace, rollout_data: MutableMapping[str, A
     if denoms is None:
         denoms = [float(m.sum()) for m in masks]
     rollout_ids = rollout_data.get("rollout_ids") or list(range(n))
+    defer = bool(getattr(args, "mopd_defer_rollout_metrics", False))
     metrics = mopd_teacher_metrics(
         teacher_ids=[str(t) for t in teacher_ids],
         rollout_ids=[int(r) for r in rollout_ids],
@@ -146,7 +147,10 @@ def compute_mopd_advantages(args: Namespace, rollout_data: MutableMapping[str, A
             for s, t in zip(student, teacher, strict=True)
         ],
         raw_rewards=_local_raw_rewards(rollout_data, n),
+        sums_out=deferred_store() if defer else None,
     )
+    if defer:  # the slime actor combines and logs them after the step (log_helpers)
+        return
     for key, value in metrics.items():
         rollout_data[key] = torch.tensor(value, dtype=torch.float32)
 

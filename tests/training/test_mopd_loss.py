@@ -183,6 +183,59 @@ def test_per_teacher_rollout_metrics() -> None:
     assert metrics[prefix + "opd_reverse_kl_train_aggregation_mean/code"] == pytest.approx(-2.0)
 
 
+def _two_teacher_batch() -> dict[str, Any]:
+    return {
+        "log_probs": [torch.tensor([-1.0, -2.0]), torch.tensor([-1.0]), torch.tensor([-3.0])],
+        "teacher_log_probs": [
+            torch.tensor([-2.0, -2.0]),
+            torch.tensor([-4.0]),
+            torch.tensor([-1.0]),
+        ],
+        "loss_masks": [torch.tensor([1, 1]), torch.tensor([1]), torch.tensor([1])],
+        "rollout_ids": [0, 0, 1],
+        "rollout_mask_sums": torch.tensor([3.0, 3.0, 1.0]),
+        "prompt": ["math", "math", "code"],
+        "raw_reward": [0.0, 1.0, 0.5],
+    }
+
+
+def _rows(data: dict[str, Any], rows: list[int]) -> dict[str, Any]:
+    return {
+        k: (v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows])
+        for k, v in data.items()
+    }
+
+
+def test_under_slime_teacher_metrics_are_deferred_and_combine_exactly_over_ranks(
+    tmp_path: Any,
+) -> None:
+    from dressage.training.log_helpers import deferred_sums
+    from dressage.training.mopd_actor import log_teacher_metrics
+
+    whole = _two_teacher_batch()
+    compute_mopd_advantages(Namespace(), whole)
+    expected = pop_rollout_metrics(whole)
+    deferred_sums()  # start clean
+    args = Namespace(mopd_defer_rollout_metrics=True, mopd_metrics_dir=str(tmp_path))
+    shards = []
+    for rows in ([0, 1], [2]):  # two data-parallel ranks; siblings of rollout 0 stay together
+        data = _rows(_two_teacher_batch(), rows)
+        compute_mopd_advantages(args, data)
+        assert not any(k.startswith("mopd/") for k in data)  # slime's logging never sees them
+        assert len(data["advantages"]) == len(rows)
+        shards.append(deferred_sums())
+    from dressage.training.log_helpers import means_of
+    from dressage.training.mopd_actor import combine_sums
+
+    combined = {f"rollout/{k}": v for k, v in means_of(combine_sums(shards)).items()}
+    assert combined == pytest.approx(expected)
+    compute_mopd_advantages(args, _two_teacher_batch())  # one process: the whole batch
+    logged = log_teacher_metrics(args, 7)
+    assert logged == pytest.approx(expected)
+    line = (tmp_path / "teachers.jsonl").read_text().splitlines()[-1]
+    assert '"step": 7' in line and "opd_reverse_kl_train_aggregation_mean/math" in line
+
+
 def test_raw_reward_shipped_whole_is_localised_through_the_partition() -> None:
     data: dict[str, Any] = {
         "log_probs": [torch.tensor([-1.0])],
