@@ -154,6 +154,27 @@ def test_a_short_mopd_run_writes_what_the_dags_stage_and_check(
         assert len(result["rollouts"]) == STEPS
 
 
+def test_a_short_grpo_run_with_the_synchronous_rollout(
+    services: tuple[str, str], tmp_path: Path
+) -> None:
+    run = _run_config(tmp_path, services, partial_rollout=False, n_samples_per_prompt=2).model_copy(
+        update={"objective": "grpo", "num_steps": 2}
+    )
+    done = _run_job(run, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = Path(run.output_dir)
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1]
+    for record in records:
+        metrics = record["metrics"]
+        assert metrics["train/pg_loss"] is not None
+        assert not any(k.startswith(("train/mopd", "rollout/mopd/")) for k in metrics)
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["objective"] == "grpo" and summary["teachers"] == []
+    samples = open_artifact((output / "artifacts" / "rollout-00001").as_uri()).read_table("samples")
+    assert samples.num_rows >= 4  # 2 prompts x 2 samples per prompt
+
+
 def test_a_run_config_that_cannot_run_exits_2(
     services: tuple[str, str],
     tmp_path: Path,
