@@ -3,7 +3,8 @@
 #
 #   bash scripts/airflow.sh              # or: make airflow;  AIRFLOW_PORT=8081 to move it
 #
-# SQLite metadata in ./airflow_home (shared with `make demo`), LocalExecutor with parallelism 2,
+# SQLite metadata in ./airflow_home (shared with `make demo`; DRESSAGE_AIRFLOW_HOME moves it),
+# LocalExecutor with parallelism 2,
 # the API bound to loopback. Sign in as "admin"; the password is generated on the first start
 # into airflow_home/simple_auth_manager_passwords.json.generated. Trigger dressage_mopd from
 # its form (Trigger -> the Params; "Advanced" holds the rest). Standalone starts its parts as
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 bash scripts/bootstrap.sh
 
-export AIRFLOW_HOME="$PWD/airflow_home"
+export AIRFLOW_HOME="${DRESSAGE_AIRFLOW_HOME:-$PWD/airflow_home}"
 export PATH="$PWD/.venv/bin:$PATH"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags"
