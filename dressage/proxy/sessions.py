@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -424,6 +424,17 @@ class SessionManager:
             yield StreamEnd(result, splitter.finish(result.message))
 
     # ------------------------------------------------------------------------------ session API
+    async def _close(self, session_id: str, act: Callable[[str], Awaitable[Any]]) -> Any:
+        """``act(session_id)`` on the store, after any call in flight, and forget the session."""
+        session = self._open.get(session_id)
+        if session is None:
+            return await act(session_id)
+        async with session.lock:
+            session.closed = True
+            result = await act(session_id)
+        self._open.pop(session_id, None)
+        return result
+
     async def finalize(self, session_id: str) -> list[Segment]:
         """Close the session (after any call in flight) and return its segments."""
         if not self.exists(session_id):
@@ -431,14 +442,7 @@ class SessionManager:
         record = self.store.sessions.get(session_id)
         if record is not None and record.status == "discarded":
             raise SessionClosed(f"session {session_id} was discarded; it has no segments")
-        session = self._open.get(session_id)
-        if session is not None:
-            async with session.lock:
-                session.closed = True
-                segments = await self.store.finalize(session_id)
-            self._open.pop(session_id, None)
-        else:
-            segments = await self.store.finalize(session_id)
+        segments: list[Segment] = await self._close(session_id, self.store.finalize)
         self.controller.forget(session_id)
         self.counters["finalized"] += 1
         return segments
@@ -450,14 +454,7 @@ class SessionManager:
         record = self.store.sessions.get(session_id)
         if record is not None and record.status == "finalized":
             raise SessionClosed(f"session {session_id} is finalized; it cannot be discarded")
-        session = self._open.get(session_id)
-        if session is not None:
-            async with session.lock:
-                session.closed = True
-                await self.store.discard(session_id)
-            self._open.pop(session_id, None)
-        else:
-            await self.store.discard(session_id)
+        await self._close(session_id, self.store.discard)
         self.controller.forget(session_id)
         self.counters["discarded"] += 1
         record = self.store.sessions.get(session_id)
