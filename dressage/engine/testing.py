@@ -27,10 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from dressage.engine.cli import READY_PREFIX
 from dressage.engine.config import EngineConfig
+from dressage.health import wait_healthy
 
 __all__ = ["serve_engine"]
 
@@ -69,7 +68,7 @@ def _serve_thread(config: EngineConfig, startup_timeout: float) -> Iterator[str]
     )
     thread.start()
     try:
-        _wait_healthy(url, startup_timeout, alive=thread.is_alive)
+        wait_healthy(url, startup_timeout, name="the engine", alive=thread.is_alive)
         yield url
     finally:
         server.should_exit = True
@@ -98,7 +97,7 @@ def _serve_subprocess(config: EngineConfig, startup_timeout: float) -> Iterator[
     proc = sp.Popen(argv, stdout=sp.PIPE, text=True, env=os.environ.copy())
     try:
         url = _read_url(proc, startup_timeout)
-        _wait_healthy(url, startup_timeout, alive=lambda: proc.poll() is None)
+        wait_healthy(url, startup_timeout, name="the engine", alive=lambda: proc.poll() is None)
         yield url
     finally:
         proc.terminate()
@@ -128,17 +127,3 @@ def _read_url(proc: sp.Popen[str], timeout: float) -> str:
             raise TimeoutError(f"the engine did not start within {timeout} s")
         time.sleep(0.05)
     return found[0]
-
-
-def _wait_healthy(url: str, timeout: float, *, alive: Any) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive():
-            raise RuntimeError(f"the engine at {url} stopped during startup")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"the engine at {url} was not healthy within {timeout} s")

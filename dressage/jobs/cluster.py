@@ -28,14 +28,13 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.config.mopd import MOPD_HOOKS
+from dressage.health import wait_healthy
 from dressage.launch.train_job import TrainRunConfig
 
 __all__ = ["ClusterOptions", "ClusterPlan", "cluster_plan", "run_on_cluster"]
@@ -182,20 +181,6 @@ def cluster_plan(
     return ClusterPlan(proxy_argv=proxy_argv, proxy_url=proxy_url, argv=argv, env=env)
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the proxy exited with status {proc.returncode} before serving")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the proxy at {url} was not healthy within {timeout_s:.0f} s")
-
-
 def run_on_cluster(plan: ClusterPlan, *, ready_timeout_s: float = 300.0) -> int:
     """Start the proxy, run slime's command to its end, stop the proxy; slime's exit status."""
     if not os.environ.get(ADMIN_KEY_ENV):
@@ -204,7 +189,13 @@ def run_on_cluster(plan: ClusterPlan, *, ready_timeout_s: float = 300.0) -> int:
     print(f"proxy: {plan.proxy_url}", flush=True)
     proxy = subprocess.Popen(plan.proxy_argv, env=env)
     try:
-        _wait_healthy(proxy, plan.proxy_url, ready_timeout_s)
+        wait_healthy(
+            plan.proxy_url,
+            ready_timeout_s,
+            name="the proxy",
+            alive=lambda: proxy.poll() is None,
+            interval_s=0.5,
+        )
         print("slime: " + shlex.join(plan.argv), flush=True)  # keys travel in env only
         return subprocess.call(plan.argv, env=env)
     finally:

@@ -22,14 +22,12 @@ import json
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from dressage.health import wait_healthy
 from dressage.proxy.config import ProxyConfig
 
 __all__ = ["EngineReply", "ScriptedEngine", "serve_app", "serve_proxy"]
@@ -209,7 +207,7 @@ class ScriptedEngine:
         thread = threading.Thread(target=run, name="scripted-engine", daemon=True)
         thread.start()
         try:
-            _wait_healthy(self.url, 10.0)
+            wait_healthy(self.url, 10.0, name="the proxy", interval_s=0.02)
             yield self.url
         finally:
 
@@ -221,18 +219,6 @@ class ScriptedEngine:
             loop.call_soon_threadsafe(stop)
             thread.join(timeout=10)
             sock.close()
-
-
-def _wait_healthy(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.02)
-    raise TimeoutError(f"{url} was not healthy within {timeout} s")
 
 
 @contextmanager
@@ -251,7 +237,7 @@ def serve_app(app: Any, *, startup_timeout: float = 30.0) -> Iterator[str]:
     )
     thread.start()
     try:
-        _wait_healthy(url, startup_timeout)
+        wait_healthy(url, startup_timeout, name="the app", interval_s=0.02)
         yield url
     finally:
         server.should_exit = True
