@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.health import wait_healthy
+from dressage.launch.mopd_run import ClusterLayout
 from dressage.launch.train_job import TrainRunConfig
 
 __all__ = ["ClusterOptions", "ClusterPlan", "cluster_plan", "run_on_cluster"]
@@ -44,27 +45,12 @@ PARTIAL_ASYNC_ROLLOUT = "dressage.rollout.partial_async_rollout.generate_rollout
 ADMIN_KEY_ENV = "DRESSAGE_PROXY_ADMIN_KEY"
 
 
-class ClusterOptions(BaseModel):
-    """``advanced.cluster``: how the job runs on the cluster (slime's names)."""
+class ClusterOptions(ClusterLayout):
+    """``advanced.cluster``: the slime layout (:class:`ClusterLayout`) and this job's ports."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    python: str = "python3"
-    tp_size: int = Field(default=1, ge=1)
-    cp_size: int = Field(default=1, ge=1)
-    pp_size: int = Field(default=1, ge=1)
-    actor_num_nodes: int = Field(default=1, ge=1)
-    actor_num_gpus_per_node: int = Field(default=8, ge=1)
-    colocate: bool = True
-    rollout_num_gpus: int | None = Field(default=None, ge=1)
-    rollout_num_gpus_per_engine: int = Field(default=1, ge=1)
-    max_tokens_per_gpu: int | None = Field(default=None, ge=1)
     router_port: int = Field(default=30000, ge=1, le=65535)
+    """Where slime is told to serve its SGLang router (on this node)."""
     proxy_port: int = Field(default=18000, ge=1, le=65535)
-    use_wandb: bool = False
-    wandb_project: str | None = None
-    wandb_group: str | None = None
-    extra_args: list[str] = Field(default_factory=list)
 
 
 class ClusterPlan(BaseModel):
@@ -131,7 +117,7 @@ def cluster_plan(
             seed=run.seed,
             rollout_seed=run.seed,
             mopd_advantage_clip=mopd_advantage_clip,
-            **cluster.model_dump(exclude={"router_port", "proxy_port", "extra_args"}),
+            **cluster.model_dump(include=set(ClusterLayout.model_fields) - {"extra_args"}),
             extra_args=[*cluster.extra_args, *tail],
         )
         job = build_mopd_job(mopd_run, environ=environ)

@@ -16,10 +16,40 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ENV_FIELDS", "MopdRunConfig"]
+__all__ = ["ENV_FIELDS", "ClusterLayout", "MopdRunConfig"]
 
 
-class MopdRunConfig(BaseModel):
+class ClusterLayout(BaseModel):
+    """Where and how slime runs on the cluster: parallelism, GPUs, W&B, further flags."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp_size: int = Field(default=1, ge=1)
+    cp_size: int = Field(default=1, ge=1)
+    pp_size: int = Field(default=1, ge=1)
+    actor_num_nodes: int = Field(default=1, ge=1)
+    actor_num_gpus_per_node: int = Field(default=8, ge=1)
+    colocate: bool = True
+    """Trainer and rollout engines share the GPUs (the sync recipe)."""
+    rollout_num_gpus: int | None = Field(default=None, ge=1)
+    """Engine GPUs when not colocated."""
+    rollout_num_gpus_per_engine: int = Field(default=1, ge=1)
+
+    max_tokens_per_gpu: int | None = Field(default=None, ge=1)
+    """Dynamic micro-batching budget; None keeps slime's static micro-batches."""
+
+    use_wandb: bool = False
+    wandb_project: str | None = None
+    wandb_group: str | None = None
+
+    python: str = "python3"
+    """Interpreter of the training command on the cluster (the slime image's)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More slime/Megatron flags (model architecture, optimizer); objective-owned flags are
+    refused."""
+
+
+class MopdRunConfig(ClusterLayout):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mopd_config: str = Field(min_length=1)
@@ -44,36 +74,15 @@ class MopdRunConfig(BaseModel):
     """MOPD takes 1; more is refused by validation, naming the option."""
     global_batch_size: int | None = Field(default=None, ge=1)
     """Default: rollout_batch_size x n_samples_per_prompt (one step per rollout)."""
-    max_tokens_per_gpu: int | None = Field(default=None, ge=1)
-    """Dynamic micro-batching budget; None keeps slime's static micro-batches."""
     rollout_max_response_len: int = Field(default=8192, ge=1)
     rollout_temperature: float = Field(default=1.0, gt=0)
-
-    tp_size: int = Field(default=1, ge=1)
-    cp_size: int = Field(default=1, ge=1)
-    pp_size: int = Field(default=1, ge=1)
-    actor_num_nodes: int = Field(default=1, ge=1)
-    actor_num_gpus_per_node: int = Field(default=8, ge=1)
-    colocate: bool = True
-    """Trainer and rollout engines share the GPUs (the sync recipe)."""
-    rollout_num_gpus: int | None = Field(default=None, ge=1)
-    """Engine GPUs when not colocated."""
-    rollout_num_gpus_per_engine: int = Field(default=1, ge=1)
 
     seed: int = 1234
     rollout_seed: int = 42
     mopd_advantage_clip: float | None = Field(default=None, gt=0)
 
-    use_wandb: bool = False
-    wandb_project: str | None = None
-    wandb_group: str | None = None
-
-    python: str = "python3"
-    """Interpreter of the training command on the cluster (the slime image's)."""
     check_imports: bool = True
     """Import hooks, generate functions and reward modules here before launching."""
-    extra_args: list[str] = Field(default_factory=list)
-    """More slime/Megatron flags (model architecture, optimizer); MOPD-owned flags are refused."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> MopdRunConfig:
