@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.health import wait_healthy
 from dressage.launch.mopd_run import ClusterLayout
+from dressage.launch.slime_command import layout_flags
 from dressage.launch.train_job import TrainRunConfig
 
 __all__ = ["ClusterOptions", "ClusterPlan", "cluster_plan", "run_on_cluster"]
@@ -126,25 +127,12 @@ def cluster_plan(
     n, rbs = n_samples_per_prompt, run.rollout_batch_size
     argv = [cluster.python, "-m", GRPO_DRIVER, "--hf-checkpoint", run.student]
     argv += ["--save", str(out / "checkpoints"), "--save-interval", str(run.num_steps)]
-    argv += ["--tensor-model-parallel-size", str(cluster.tp_size)]
-    argv += ["--context-parallel-size", str(cluster.cp_size)]
-    argv += ["--pipeline-model-parallel-size", str(cluster.pp_size)]
-    argv += ["--actor-num-nodes", str(cluster.actor_num_nodes)]
-    argv += ["--actor-num-gpus-per-node", str(cluster.actor_num_gpus_per_node)]
-    if cluster.rollout_num_gpus is not None:
-        argv += ["--rollout-num-gpus", str(cluster.rollout_num_gpus)]
-    argv += ["--rollout-num-gpus-per-engine", str(cluster.rollout_num_gpus_per_engine)]
+    argv += layout_flags(cluster)
     argv += ["--num-rollout", str(run.num_steps), "--update-weights-interval", "1"]
     argv += ["--rollout-batch-size", str(rbs), "--n-samples-per-prompt", str(n)]
     argv += ["--global-batch-size", str(rbs * n)]
     argv += ["--rollout-max-response-len", str(max_response_len)]
     argv += ["--rollout-temperature", str(temperature)]
-    if cluster.max_tokens_per_gpu is not None:
-        argv += [
-            "--use-dynamic-batch-size",
-            "--max-tokens-per-gpu",
-            str(cluster.max_tokens_per_gpu),
-        ]
     argv += ["--seed", str(run.seed), "--rollout-seed", str(run.seed)]
     argv += ["--advantage-estimator", "grpo", "--loss-type", "policy_loss"]
     if partial_rollout:
@@ -157,10 +145,6 @@ def cluster_plan(
         "custom_reward_post_process_path",
     ):
         argv += ["--" + attr.replace("_", "-"), MOPD_HOOKS[attr]]
-    if cluster.use_wandb:
-        argv += ["--use-wandb"]
-        argv += ["--wandb-project", cluster.wandb_project] if cluster.wandb_project else []
-        argv += ["--wandb-group", cluster.wandb_group] if cluster.wandb_group else []
     argv += [*cluster.extra_args, *tail]
     # The data source reads its datasets from the MOPD JSON (teachers unused by GRPO).
     env = {"DRESSAGE_MOPD_TEACHER_CONFIG": str(Path(run.mopd_config).resolve())}

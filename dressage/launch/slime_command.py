@@ -40,10 +40,17 @@ from dressage.config.mopd import (
     load_mopd_config,
     validate_mopd_run,
 )
-from dressage.launch.mopd_run import MopdRunConfig
+from dressage.launch.mopd_run import ClusterLayout, MopdRunConfig
 from dressage.training.mopd_train import ROLLOUT_LOG_HOOK
 
-__all__ = ["MopdJob", "build_mopd_command", "build_mopd_job", "submit_argv", "write_job_files"]
+__all__ = [
+    "MopdJob",
+    "build_mopd_command",
+    "build_mopd_job",
+    "layout_flags",
+    "submit_argv",
+    "write_job_files",
+]
 
 DRIVER_MODULE = "dressage.training.mopd_train"
 # Options a slime command may carry in extra_args that decide whether the run is MOPD; parsed
@@ -160,23 +167,12 @@ def _argv(
         argv += ["--ref-ckpt-step", str(ref_step)]
     argv += ["--load", run.load or ckpt, "--save", run.save or ckpt]
     argv += ["--save-interval", str(run.save_interval)]
-    argv += ["--tensor-model-parallel-size", str(run.tp_size)]
-    argv += ["--context-parallel-size", str(run.cp_size)]
-    argv += ["--pipeline-model-parallel-size", str(run.pp_size)]
-    argv += ["--actor-num-nodes", str(run.actor_num_nodes)]
-    argv += ["--actor-num-gpus-per-node", str(run.actor_num_gpus_per_node)]
-    if run.colocate:
-        argv += ["--colocate"]
-    elif run.rollout_num_gpus is not None:
-        argv += ["--rollout-num-gpus", str(run.rollout_num_gpus)]
-    argv += ["--rollout-num-gpus-per-engine", str(run.rollout_num_gpus_per_engine)]
+    argv += layout_flags(run)
     argv += ["--num-rollout", str(run.num_rollout)]
     argv += ["--rollout-batch-size", str(rbs), "--n-samples-per-prompt", str(n)]
     argv += ["--global-batch-size", str(run.global_batch_size or rbs * n)]
     argv += ["--rollout-max-response-len", str(run.rollout_max_response_len)]
     argv += ["--rollout-temperature", str(run.rollout_temperature)]
-    if run.max_tokens_per_gpu is not None:
-        argv += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(run.max_tokens_per_gpu)]
     argv += ["--seed", str(run.seed), "--rollout-seed", str(run.rollout_seed)]
     argv += ["--loss-type", "custom_loss"]
     hooks = dict(MOPD_HOOKS)
@@ -186,10 +182,27 @@ def _argv(
         argv += ["--" + attr.replace("_", "-"), path]
     argv += ["--custom-rollout-log-function-path", ROLLOUT_LOG_HOOK]
     argv += ["--disable-rewards-normalization"]
-    if run.use_wandb:
+    return argv
+
+
+def layout_flags(layout: ClusterLayout) -> list[str]:
+    """slime's flags for a cluster layout: parallelism, GPUs, micro-batching budget, W&B."""
+    argv = ["--tensor-model-parallel-size", str(layout.tp_size)]
+    argv += ["--context-parallel-size", str(layout.cp_size)]
+    argv += ["--pipeline-model-parallel-size", str(layout.pp_size)]
+    argv += ["--actor-num-nodes", str(layout.actor_num_nodes)]
+    argv += ["--actor-num-gpus-per-node", str(layout.actor_num_gpus_per_node)]
+    if layout.colocate:
+        argv += ["--colocate"]
+    elif layout.rollout_num_gpus is not None:
+        argv += ["--rollout-num-gpus", str(layout.rollout_num_gpus)]
+    argv += ["--rollout-num-gpus-per-engine", str(layout.rollout_num_gpus_per_engine)]
+    if layout.max_tokens_per_gpu is not None:
+        argv += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(layout.max_tokens_per_gpu)]
+    if layout.use_wandb:
         argv += ["--use-wandb"]
-        argv += ["--wandb-project", run.wandb_project] if run.wandb_project else []
-        argv += ["--wandb-group", run.wandb_group] if run.wandb_group else []
+        argv += ["--wandb-project", layout.wandb_project] if layout.wandb_project else []
+        argv += ["--wandb-group", layout.wandb_group] if layout.wandb_group else []
     return argv
 
 

@@ -87,6 +87,7 @@ def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Pa
     for attr in ("custom_generate_function_path", "custom_rm_path", "data_source_path"):
         assert _value(plan.argv, "--" + attr.replace("_", "-")) == MOPD_HOOKS[attr]
     assert _value(plan.argv, "--num-layers") == "2"
+    assert "--colocate" in plan.argv  # the same layout flags as the MOPD builder
     assert plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"] == EMBEDDED
 
 
