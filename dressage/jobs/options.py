@@ -22,13 +22,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.config.mopd import MOPD_HOOKS
-from dressage.jobs.cluster import ClusterOptions
+from dressage.jobs.cluster import PARTIAL_ASYNC_ROLLOUT, ClusterOptions
 from dressage.launch.train_job import TrainRunConfig
 from dressage.training.embedded import trainer_args
 
 __all__ = ["JobOptions", "job_args"]
 
-PARTIAL_ASYNC_ROLLOUT = "dressage.rollout.partial_async_rollout.generate_rollout_partial_async"
 BATCH_ROLLOUT = "dressage.rollout.batch_rollout.generate_rollout"
 
 
