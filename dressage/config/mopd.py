@@ -106,22 +106,28 @@ class StudentSpec(_Strict):
     ckpt_step: int | None = Field(default=None, ge=0)
 
 
-class DatasetSpec(_Strict):
-    name: str = Field(min_length=1)
-    path: str = Field(min_length=1)
-    teacher_id: str
-    weight: float
-    agent_mode: Literal["blackbox", "whitebox"]
+class DatasetOptions(_Strict):
+    """A dataset's optional settings, read by dressage.rollout.data_source; shared by the MOPD
+    config's :class:`DatasetSpec` and the data source's ``PromptDataset``."""
+
     generate_function_path: str | None = None
-    # Optional, read by dressage.rollout.data_source: the reward task of the rows (a name in
-    # dressage.reward.registry) and per-dataset overrides of slime's --input/label/metadata-key.
     task: str | None = None
+    """The reward task of the rows (a name in dressage.reward.registry)."""
     input_key: str | None = None
+    """Per-dataset overrides of slime's --input-key, --label-key and --metadata-key."""
     label_key: str | None = None
     metadata_key: str | None = None
     eval_path: str | None = None
     """Held-out rows of the same task, never trained on: the embedded job measures the exact
     reverse KL to the dataset's teacher on them after every step."""
+
+
+class DatasetSpec(DatasetOptions):
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    teacher_id: str
+    weight: float
+    agent_mode: Literal["blackbox", "whitebox"]
 
 
 class MopdConfig(_Strict):

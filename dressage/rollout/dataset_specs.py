@@ -29,33 +29,24 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import ValidationError, model_validator
 
 from dressage.config.env import env_str
-from dressage.config.mopd import load_mopd_config
+from dressage.config.mopd import DatasetOptions, load_mopd_config
 
 __all__ = ["AGENT_MODES", "PromptDataset", "dataset_specs", "read_rows"]
 
 AGENT_MODES = ("blackbox", "whitebox")
 
 
-class PromptDataset(BaseModel):
-    """One prompt dataset of a run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class PromptDataset(DatasetOptions):
+    """One prompt dataset of a run (the MOPD config's entries, with defaults where it has none)."""
 
     name: str
     path: str
     teacher_id: str | None = None
     weight: float = 1.0
     agent_mode: str = "blackbox"
-    generate_function_path: str | None = None
-    task: str | None = None
-    input_key: str | None = None
-    label_key: str | None = None
-    metadata_key: str | None = None
-    eval_path: str | None = None
-    """Held-out rows (never sampled for training; see dressage.training.embedded.probe)."""
 
     @model_validator(mode="after")
     def _semantics(self) -> PromptDataset:
