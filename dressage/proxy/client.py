@@ -1,6 +1,7 @@
 """Clients of the proxy for rollout code: one async, one sync, the same methods.
 
     async with ProxyClient("http://127.0.0.1:8000", admin_key=KEY) as proxy:
+        await proxy.open_session("rollout-17-0", partial_rollout=True)  # optional, see below
         agent_base_url = proxy.session_base_url("rollout-17-0")     # give this to the agent
         ...                                                         # the agent runs
         segments = await proxy.finalize_session("rollout-17-0")     # list[Segment]
@@ -11,6 +12,11 @@
 ``chat_completions`` is a plain OpenAI chat call (non-streaming) in a session, for scripted
 agents and tests; real agents use any OpenAI client with :meth:`session_base_url`. Failures
 raise :class:`ProxyClientError` with the status and the proxy's error message.
+
+``open_session(..., partial_rollout=True)`` asks partial rollout of every call of the session (its
+calls keep their partial output across a rollout pause, see :mod:`~dressage.proxy.sessions`):
+the way to ask it for an agent whose requests cannot carry the ``X-Dressage-Partial-Rollout``
+header.
 """
 
 from __future__ import annotations
@@ -23,9 +29,19 @@ import httpx
 
 from dressage.trajectory import Segment, StepRecord
 
-__all__ = ["ProxyClient", "ProxyClientError", "SyncProxyClient", "Trajectory"]
+__all__ = [
+    "PARTIAL_ROLLOUT_HEADER",
+    "ProxyClient",
+    "ProxyClientError",
+    "SyncProxyClient",
+    "Trajectory",
+]
 
 T = TypeVar("T")
+
+PARTIAL_ROLLOUT_HEADER = "X-Dressage-Partial-Rollout"
+"""Chat-call header: ``1`` keeps the call's partial output across a rollout pause, even when the
+proxy runs without ``--dressage-partial-rollout`` (see :mod:`~dressage.proxy.pause`)."""
 
 
 class ProxyClientError(RuntimeError):
@@ -112,6 +128,11 @@ class _Base:
         return _Call(method, f"/v1/sessions/{session_id}/{action}", True)
 
     @staticmethod
+    def _open(session_id: str, partial_rollout: bool) -> _Call:
+        body = {"partial_rollout": partial_rollout}
+        return _Call("POST", f"/v1/sessions/{session_id}/open", True, body)
+
+    @staticmethod
     def _pause(reason: str, mode: str, timeout_seconds: float | None) -> _Call:
         body: dict[str, Any] = {"reason": reason, "mode": mode}
         if timeout_seconds is not None:
@@ -148,6 +169,10 @@ class ProxyClient(_Base):
     ) -> dict[str, Any]:
         """One OpenAI chat completion in ``session_id``; returns the response object."""
         return await self._run(self._chat(session_id, messages, params), dict)
+
+    async def open_session(self, session_id: str, *, partial_rollout: bool) -> dict[str, Any]:
+        """Open the session before its agent runs, with its partial rollout flag."""
+        return await self._run(self._open(session_id, partial_rollout), dict)
 
     async def finalize_session(self, session_id: str) -> list[Segment]:
         return await self._run(self._session(session_id, "finalize"), _segments)
@@ -216,6 +241,10 @@ class SyncProxyClient(_Base):
     ) -> dict[str, Any]:
         """One OpenAI chat completion in ``session_id``; returns the response object."""
         return self._run(self._chat(session_id, messages, params), dict)
+
+    def open_session(self, session_id: str, *, partial_rollout: bool) -> dict[str, Any]:
+        """Open the session before its agent runs, with its partial rollout flag."""
+        return self._run(self._open(session_id, partial_rollout), dict)
 
     def finalize_session(self, session_id: str) -> list[Segment]:
         return self._run(self._session(session_id, "finalize"), _segments)

@@ -5,7 +5,7 @@
                                 rid="req-1", routing_key="session-7")
     out.output_ids, out.logprobs, out.versions, out.finish       # one entry per generated token
 
-Facts it relies on (reference/sglang.md): ``/generate`` takes ``input_ids`` as given and, with
+Facts it relies on (docs/sglang.md): ``/generate`` takes ``input_ids`` as given and, with
 ``return_logprob``, returns ``meta_info.output_token_logprobs`` as ``[logprob, id, text]``
 triples; ``finish_reason`` is ``{"type": "stop"|"length"|"abort", ...}``; streams are SSE,
 cumulative unless the server streams increments; the router (sglang-router / SMG) proxies
@@ -155,7 +155,7 @@ def _versions(meta: dict[str, Any], start: int, count: int) -> list[int]:
 
 
 def _error_message(body: bytes) -> str:
-    """The message of any SGLang / router error shape (reference/sglang.md sections 6, 7)."""
+    """The message of any SGLang / router error shape (docs/sglang.md sections 6, 7)."""
     try:
         data = json.loads(body)
     except ValueError:

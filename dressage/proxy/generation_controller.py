@@ -18,7 +18,9 @@ Two seams, both filled by :class:`~dressage.proxy.pause.PauseController` in the 
 - a :class:`ResumePolicy` decides what an ``abort`` means. :class:`NeverResume` (the default
   without a gate) makes it final: the partial output comes back with ``finish_type == "abort"``.
   A policy may call :meth:`Generation.discard_partial` before saying yes, to start the call
-  again from its prompt instead of continuing it.
+  again from its prompt instead of continuing it. A call made with ``keep_partial=True`` (the
+  rollout asked partial rollout of it, see :mod:`~dressage.proxy.sessions`) carries that on its
+  :class:`Generation` for the policy to honour.
 
 If the engine fails after part of the output was produced, the :class:`EngineError` carries
 that partial generation (``partial_generation``) so that the session can record it.
@@ -74,6 +76,9 @@ class Generation:
     """Tokens have been sent to the agent already (a streamed call cannot restart)."""
     no_grad_reason: str | None = None
     """Set by a policy that ends the call for good: the trajectory must train nothing."""
+    keep_partial: bool = False
+    """The rollout asked this call to keep its partial output across a rollout pause (the
+    policy's own switch, ``--dressage-partial-rollout``, covers every call)."""
 
     @property
     def finish_type(self) -> str:
@@ -194,9 +199,10 @@ class GenerationController:
         sampling_params: dict[str, Any],
         *,
         request_id: str,
+        keep_partial: bool = False,
     ) -> Generation:
         """Generate to a final finish (stop, length, or an abort that is not resumed)."""
-        generation = Generation(request_id=request_id)
+        generation = Generation(request_id=request_id, keep_partial=keep_partial)
         while True:
             rid = self._rid(request_id, generation)
             await self.gate.admit(session_id, generation)
@@ -227,9 +233,10 @@ class GenerationController:
         sampling_params: dict[str, Any],
         *,
         request_id: str,
+        keep_partial: bool = False,
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Like :meth:`generate`, yielding tokens as the engine streams them."""
-        generation = Generation(request_id=request_id)
+        generation = Generation(request_id=request_id, keep_partial=keep_partial)
         while True:
             rid = self._rid(request_id, generation)
             await self.gate.admit(session_id, generation)

@@ -59,6 +59,7 @@ class ChatRequest:
         "logprobs",
         "messages",
         "model",
+        "partial_rollout",
         "sampling",
         "stream",
         "tool_choice",
@@ -77,6 +78,7 @@ class ChatRequest:
         chat_template_kwargs: dict[str, Any],
         sampling: dict[str, Any],
         logprobs: bool,
+        partial_rollout: bool = False,
     ) -> None:
         self.messages = messages
         self.model = model
@@ -88,6 +90,8 @@ class ChatRequest:
         self.sampling = sampling
         """SGLang ``sampling_params`` (the session adds the family's stop tokens)."""
         self.logprobs = logprobs
+        self.partial_rollout = partial_rollout
+        """The call's ``X-Dressage-Partial-Rollout: 1`` header (set by the server, not the body)."""
 
 
 def _is_int(value: Any) -> bool:

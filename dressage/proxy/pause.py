@@ -6,7 +6,7 @@
 
 A pause closes the proxy's gate (new engine requests, from new chat calls or from resumed ones,
 wait in the proxy; the agents' HTTP calls stay open, nothing fails), then pauses every engine
-worker with ``/pause_generation`` in the requested mode (reference/sglang.md §3), and answers once
+worker with ``/pause_generation`` in the requested mode (docs/sglang.md §3), and answers once
 generation has stopped, with the number of calls it stopped and how long that took:
 
 - ``abort`` (default; what slime's own updaters use): the engine aborts everything in flight and
@@ -15,7 +15,11 @@ generation has stopped, with the number of calls it stopped and how long that to
   call continues from ``prompt + partial output`` with the remaining token budget (with
   ``--dressage-partial-rollout``), or starts again from its prompt (without it: the baseline that
   loses the in-flight work; a streamed call that already sent tokens then ends with
-  ``finish_reason`` abort instead, since sent text cannot be taken back).
+  ``finish_reason`` abort instead, since sent text cannot be taken back). The rollout side may
+  also ask partial rollout of single calls while the proxy-wide switch is off: with the header
+  ``X-Dressage-Partial-Rollout: 1`` on a chat call, or by opening the session with
+  ``partial_rollout`` (``POST /v1/sessions/{id}/open``, for agents whose headers it cannot set);
+  those calls continue as with the switch (:func:`parse_partial_rollout_header`).
 - ``retract`` / ``in_place``: the engine keeps the requests (retract frees their KV cache and
   re-prefills under the new weights; in_place keeps it, so weight updates must not flush the
   cache). The proxy keeps their calls open and only holds new requests; the engine's
@@ -49,6 +53,7 @@ from typing import Any
 
 import httpx
 
+from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.config import MAX_PAUSE_TIMEOUT_S
 from dressage.proxy.engine_client import EngineClient, EngineError, parse_version
 from dressage.proxy.errors import BadRequest, Conflict, EngineFailure, PauseCapExceeded
@@ -59,6 +64,7 @@ __all__ = [
     "PauseController",
     "PauseRequest",
     "ResumeRequest",
+    "parse_partial_rollout_header",
     "parse_pause_request",
     "parse_resume_request",
 ]
@@ -134,6 +140,22 @@ def parse_pause_request(body: Any, *, default_timeout_s: float) -> PauseRequest:
             code="invalid_timeout",
         )
     return PauseRequest(reason=_reason(data, "pause"), mode=str(mode), timeout_s=float(timeout))
+
+
+def parse_partial_rollout_header(value: str | None) -> bool:
+    """A chat call's ``X-Dressage-Partial-Rollout``: ``1`` asks partial rollout of the call;
+    ``0`` or no header asks nothing (the proxy's switch and the session's flag still apply, so
+    a call cannot turn them off). Anything else is a 400 naming the header."""
+    if value is None:
+        return False
+    text = value.strip()
+    if text not in ("0", "1"):
+        raise BadRequest(
+            f"header {PARTIAL_ROLLOUT_HEADER} must be 0 or 1, got {value[:40]!r}",
+            param=PARTIAL_ROLLOUT_HEADER,
+            code="invalid_header",
+        )
+    return text == "1"
 
 
 def parse_resume_request(body: Any) -> ResumeRequest:
@@ -243,7 +265,7 @@ class PauseController:
         if self.cap and spanned > self.cap:
             generation.no_grad_reason = self._cap_message(session_id, spanned)
             return False
-        if not self.keep_partial:
+        if not (self.keep_partial or generation.keep_partial):
             if generation.streamed:
                 return False
             generation.discard_partial()

@@ -9,6 +9,7 @@ An agent points its OpenAI base URL at ``http://HOST:PORT/sessions/<session_id>/
     POST /v1/chat/completions, /sessions/{id}/v1/chat/completions   chat (API key when set)
     GET  /v1/models, /sessions/{id}/v1/models                       (API key when set)
     GET  /v1/capabilities                                           (API key when set)
+    POST /v1/sessions/{id}/open  {"partial_rollout"} -> {"session_id", "status", ...}    (admin)
     POST /v1/sessions/{id}/finalize     -> {"session_id", "segments": [Segment dicts]}  (admin)
     POST /v1/sessions/{id}/discard      -> {"session_id", "discarded": true, "steps"}    (admin)
     GET  /v1/sessions/{id}/trajectory   -> {"status", "steps", "segments"}               (admin)
@@ -19,6 +20,10 @@ An agent points its OpenAI base URL at ``http://HOST:PORT/sessions/<session_id>/
     GET  /health                                                                          (open)
 
 Rollout pause and resume (around weight updates) are described in :mod:`~dressage.proxy.pause`.
+A chat call with ``X-Dressage-Partial-Rollout: 1`` keeps its partial output across a pause even
+when the proxy runs without ``--dressage-partial-rollout`` (``0`` or no header: the proxy's
+switch decides; any other value: 400 naming the header); ``open`` sets the same for every call
+of a session, for agents whose headers the rollout cannot set (:mod:`~dressage.proxy.sessions`).
 
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413. Once the
@@ -44,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv
 from dressage.proxy.encoding import install_encode_memo
 from dressage.proxy.engine_client import EngineClient, EngineError, EngineUnavailableError
@@ -65,8 +71,19 @@ from dressage.proxy.openai_api import (
     sse_tool_call_deltas,
     usage_block,
 )
-from dressage.proxy.pause import PauseController, parse_pause_request, parse_resume_request
-from dressage.proxy.sessions import SessionManager, StreamDelta, StreamEnd, StreamStart
+from dressage.proxy.pause import (
+    PauseController,
+    parse_partial_rollout_header,
+    parse_pause_request,
+    parse_resume_request,
+)
+from dressage.proxy.sessions import (
+    SessionManager,
+    StreamDelta,
+    StreamEnd,
+    StreamStart,
+    parse_open_request,
+)
 from dressage.proxy.store import StoreError, TrajectoryStore
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
 
@@ -130,6 +147,19 @@ async def _read_json(request: Request, limit: int) -> Any:
         chunks.append(chunk)
     try:
         return json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+
+
+async def _read_optional_json(request: Request, limit: int) -> Any:
+    """A control body: JSON, or None when the body is empty."""
+    raw = await request.body()
+    if len(raw) > limit:
+        raise RequestTooLarge(f"the request body exceeds {limit} bytes")
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
 
@@ -235,8 +265,10 @@ def _add_chat(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyC
                 param="session_id",
                 code="missing_session",
             )
+        partial_rollout = parse_partial_rollout_header(request.headers.get(PARTIAL_ROLLOUT_HEADER))
         body = await _read_json(request, config.max_request_bytes)
         chat_request = parse_chat_request(body, default_max_tokens=config.default_max_tokens)
+        chat_request.partial_rollout = partial_rollout
         model = chat_request.model or config.served_model_name
         if chat_request.stream:
             return await _stream(manager, session_id, chat_request, model)
@@ -299,6 +331,7 @@ def _add_chat(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyC
                 "session_headers": ["X-Session-Id", "X-Dressage-Session-Id"],
                 "session_base_path": "/sessions/{session_id}/v1",
                 "pause_resume": True,
+                "partial_rollout_header": PARTIAL_ROLLOUT_HEADER,
                 "store_fsync": config.store_fsync,
                 "max_request_bytes": config.max_request_bytes,
             }
@@ -358,6 +391,13 @@ async def _stream(
 
 
 def _add_sessions(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyConfig) -> None:
+    @app.post("/v1/sessions/{session_id}/open")
+    async def open_session(request: Request, session_id: str) -> Response:
+        auth.admin(request)
+        body = await _read_optional_json(request, config.max_request_bytes)
+        partial_rollout = parse_open_request(body)
+        return _json(await manager.open_session(session_id, partial_rollout=partial_rollout))
+
     @app.post("/v1/sessions/{session_id}/finalize")
     async def finalize(request: Request, session_id: str) -> Response:
         auth.admin(request)
@@ -406,15 +446,7 @@ def _add_rollout_control(
     app: FastAPI, pause: PauseController, auth: _Auth, config: ProxyConfig
 ) -> None:
     async def body(request: Request) -> Any:
-        raw = await request.body()
-        if len(raw) > config.max_request_bytes:
-            raise RequestTooLarge(f"the request body exceeds {config.max_request_bytes} bytes")
-        if not raw.strip():
-            return None
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+        return await _read_optional_json(request, config.max_request_bytes)
 
     @app.post("/v1/rollout/pause")
     async def pause_rollout(request: Request) -> Response:

@@ -4,6 +4,7 @@
     result = await manager.chat("session-7", request)          # one OpenAI chat call
     async for event in manager.chat_stream("session-7", request): ...
     segments = await manager.finalize("session-7")             # list[Segment]
+    await manager.open_session("session-8", partial_rollout=True)  # before its agent starts
 
 A call runs: TITO (``extend`` the current segment, or ``start`` one) → one generation through the
 controller → the family parser → ``record_output`` → one :class:`StepRecord` appended to the
@@ -27,6 +28,15 @@ while paused), the step is recorded with those tokens and finish reason ``abort`
 ``extra["engine_error"]``) before the agent gets the error. A session past the pause cap gets
 409 ``max_pauses_exceeded``; its trajectory is marked ``no_grad_reason`` in the store (the step
 that was cut short is recorded first).
+
+Partial rollout per call: a call keeps its partial output across a pause when the proxy runs
+with ``--dressage-partial-rollout``, or when the rollout asked it of the call: by the call's
+``X-Dressage-Partial-Rollout: 1`` header (what a client the rollout builds can send), or by
+opening the session with ``partial_rollout`` before its agent starts (:meth:`open_session`: a
+black-box command agent only gets a base URL, so its calls carry no header of ours). The flag is
+kept in the store (it survives a restart). The step records who asked (``extra["partial_rollout"]``:
+``header`` or ``session``), and a segment opened by such a call records
+``dressage_partial_rollout: true`` in its flags.
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ __all__ = [
     "StreamDelta",
     "StreamEnd",
     "StreamStart",
+    "parse_open_request",
 ]
 
 _SESSION_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
@@ -76,6 +87,24 @@ def check_session_id(session_id: str) -> str:
             param="session_id",
         )
     return session_id
+
+
+def parse_open_request(body: Any) -> bool:
+    """``POST /v1/sessions/{id}/open`` body ``{"partial_rollout"?: bool}`` (none: false): the
+    session's partial rollout flag. Anything else is a 400 naming the field."""
+    if body is None:
+        return False
+    if not isinstance(body, dict):
+        raise BadRequest(f"open: the body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - {"partial_rollout"})
+    if unknown:
+        raise BadRequest(f"open: unknown fields {unknown}; allowed: ['partial_rollout']")
+    value = body.get("partial_rollout", False)
+    if not isinstance(value, bool):
+        raise BadRequest(
+            f"open: partial_rollout must be true or false, got {value!r}", param="partial_rollout"
+        )
+    return value
 
 
 class _Session:
@@ -189,6 +218,13 @@ class SessionManager:
             stops = [*stops, *(t for t in extra if t not in stops)]
         return {**request.sampling, "stop_token_ids": stops}
 
+    def _keep_partial(self, session_id: str, request: ChatRequest) -> bool:
+        """The rollout asked this call to keep its partial output (header or session flag)."""
+        if request.partial_rollout:
+            return True
+        record = self.store.sessions.get(session_id)
+        return record is not None and record.partial_rollout
+
     def _step_extra(
         self, turn: Turn, request: ChatRequest, gen: Generation, error: str | None
     ) -> dict[str, Any]:
@@ -208,9 +244,13 @@ class SessionManager:
             extra["no_grad_reason"] = gen.no_grad_reason
         if error:
             extra["engine_error"] = error
+        if gen.keep_partial:
+            extra["partial_rollout"] = "header" if request.partial_rollout else "session"
         if turn.prefix_length == 0:
+            flags = self.config.segment_flags()
+            flags["dressage_partial_rollout"] = self.config.partial_rollout or gen.keep_partial
             extra["segment"] = {
-                "flags": self.config.segment_flags(),
+                "flags": flags,
                 "tools": request.tools,
                 "chat_template_kwargs": request.chat_template_kwargs,
             }
@@ -348,7 +388,11 @@ class SessionManager:
             try:
                 try:
                     generation = await self.controller.generate(
-                        session_id, turn.prompt, self._sampling(request), request_id=completion_id
+                        session_id,
+                        turn.prompt,
+                        self._sampling(request),
+                        request_id=completion_id,
+                        keep_partial=self._keep_partial(session_id, request),
                     )
                 except (EngineError, PauseCapExceeded) as exc:
                     await self._keep_interrupted(
@@ -387,7 +431,11 @@ class SessionManager:
             decoder = IncrementalDecoder(self.tito.decode)
             try:
                 deltas = self.controller.generate_stream(
-                    session_id, turn.prompt, self._sampling(request), request_id=completion_id
+                    session_id,
+                    turn.prompt,
+                    self._sampling(request),
+                    request_id=completion_id,
+                    keep_partial=self._keep_partial(session_id, request),
                 )
                 async with aclosing(deltas):
                     generation: Generation | None = None
@@ -409,7 +457,8 @@ class SessionManager:
                         )
                         raise
                 assert generation is not None
-                splitter.push(decoder.flush())
+                # a character split at the very end: sent with the closing deltas
+                tail = splitter.push(decoder.flush())
                 result = await self._record(
                     session, turn, request, generation, completion_id, started
                 )
@@ -421,9 +470,18 @@ class SessionManager:
                 raise
             if splitter.diverged:
                 self.counters["stream_divergences"] += 1
-            yield StreamEnd(result, splitter.finish(result.message))
+            closing = splitter.finish(result.message)
+            for key, text in tail.items():
+                closing[key] = text + closing.get(key, "")
+            yield StreamEnd(result, closing)
 
     # ------------------------------------------------------------------------------ session API
+    async def open_session(self, session_id: str, *, partial_rollout: bool) -> dict[str, Any]:
+        """Open (or find) a session and set what its calls ask (see the module docstring)."""
+        session = self._open_for_call(session_id)  # a closed session: 409, nothing written
+        await self.store.set_partial_rollout(session.id, partial_rollout)
+        return {"session_id": session.id, "status": "open", "partial_rollout": partial_rollout}
+
     async def _close(self, session_id: str, act: Callable[[str], Awaitable[Any]]) -> Any:
         """``act(session_id)`` on the store, after any call in flight, and forget the session."""
         session = self._open.get(session_id)

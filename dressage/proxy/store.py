@@ -16,7 +16,9 @@ field ``t``:
 - ``finalized``: the session is closed; its last segment ends with its last step's finish reason;
 - ``discarded``: the session is dropped (its records stay; it is left out of exports);
 - ``no_grad``: the trajectory must train nothing (``reason``; e.g. it spanned more rollout pauses
-  than the proxy allows); every segment then carries ``extra_info["no_grad_reason"]``.
+  than the proxy allows); every segment then carries ``extra_info["no_grad_reason"]``;
+- ``options``: what the rollout asked of the session's calls when it opened the session
+  (``partial_rollout``: keep partial output across pauses), so that a restart keeps it.
 
 Segments that record token versions (``record_token_versions`` or
 ``mask_nonlast_version_tokens`` in the segment's flags) also carry ``extra_info["version_spans"]``
@@ -87,6 +89,8 @@ class SessionRecord:
     tokens: int = 0
     no_grad_reason: str | None = None
     """Set by a ``no_grad`` record: why the trajectory trains nothing."""
+    partial_rollout: bool = False
+    """Set by an ``options`` record: the session's calls keep partial output across pauses."""
 
     @property
     def num_steps(self) -> int:
@@ -204,6 +208,8 @@ class TrajectoryStore:
             session.status = "discarded"
         elif kind == "no_grad":
             session.no_grad_reason = str(record.get("reason") or "unknown")
+        elif kind == "options":
+            session.partial_rollout = bool(record.get("partial_rollout"))
         else:
             log.warning("store %s: unknown record kind %r at byte %d", self.path, kind, offset)
 
@@ -283,6 +289,20 @@ class TrajectoryStore:
         if session.status != "open" or session.no_grad_reason is not None:
             return
         await self._append({"t": "no_grad", "session_id": session_id, "reason": reason})
+
+    async def set_partial_rollout(self, session_id: str, partial_rollout: bool) -> None:
+        """Record the session's partial rollout flag (nothing is written when it is unchanged).
+
+        Raises:
+            StoreError: the session is finalized or discarded.
+        """
+        session = self.sessions.get(session_id)
+        if session is not None and session.status != "open":
+            raise StoreError(f"session {session_id} is {session.status}; its options are final")
+        if (session.partial_rollout if session is not None else False) == partial_rollout:
+            return
+        record = {"t": "options", "session_id": session_id, "partial_rollout": partial_rollout}
+        await self._append(record)
 
     async def discard(self, session_id: str) -> None:
         if self._session(session_id).status == "open":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dressage.proxy.config import ProxyConfigError, config_from_argv
+from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv, parser
 from dressage.proxy.errors import BadRequest
 from dressage.proxy.openai_api import (
     completion_response,
@@ -68,6 +68,33 @@ def test_seed_flags_land_in_config_and_segment_flags() -> None:
         "mask_nonlast_version_tokens": True,
     }
     assert config.tokenizer_path == "/tok"
+
+
+@pytest.mark.parametrize("spelling", ["qwen3_5", "qwen3.5"])
+def test_both_spellings_of_qwen35_are_kept_as_qwen35(
+    monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    # the command of the design documents: both flags, the underscore spelling
+    config, _ = config_from_argv(["--token-build-model", spelling, "--tito-model", spelling])
+    assert config.tito_model == "qwen3.5" and config.segment_flags()["tito_model"] == "qwen3.5"
+    monkeypatch.setenv("DRESSAGE_PROXY_TITO_MODEL", spelling)
+    assert config_from_argv([])[0].tito_model == "qwen3.5"
+    assert ProxyConfig(tito_model=spelling).tito_model == "qwen3.5"
+
+
+def test_an_unknown_family_is_refused_naming_every_spelling(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DRESSAGE_PROXY_TITO_MODEL", "qwen4")
+    with pytest.raises(ProxyConfigError, match="tito_model: .*'qwen4'") as info:
+        config_from_argv([])
+    assert "['qwen3.5', 'qwen3_5', 'qwen3', 'llama3', 'deepseek', 'generic']" in str(info.value)
+    with pytest.raises(SystemExit) as exit_info:
+        config_from_argv(["--tito-model", "qwen4"])
+    assert exit_info.value.code == 2 and "invalid choice: 'qwen4'" in capsys.readouterr().err
+    help_text = " ".join(parser().format_help().split())
+    assert "--tito-model {qwen3.5,qwen3_5,qwen3,llama3,deepseek,generic}" in help_text
+    assert "qwen3_5 is the same family" in help_text
 
 
 @pytest.mark.parametrize(

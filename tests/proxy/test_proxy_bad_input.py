@@ -1,8 +1,9 @@
 """Bad input and failures: clear errors, and nothing already recorded is lost or bent.
 
-Malformed messages, missing or bad session ids, unknown / finalized / discarded sessions, an
-engine that is down (503 naming it; the session carries on once it is back), an engine that
-refuses a request (its 4xx passes through; the session is rolled back).
+Malformed messages, missing or bad session ids, a bad ``X-Dressage-Partial-Rollout`` header or
+``open`` body, unknown / finalized / discarded sessions, an engine that is down (503 naming it;
+the session carries on once it is back), an engine that refuses a request (its 4xx passes
+through; the session is rolled back).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import httpx
 import pytest
 from openai import BadRequestError, ConflictError, InternalServerError, OpenAI
 
+from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.testing import EngineReply, ScriptedEngine
 from dressage.proxy.tito import TITOTokenizer
 from tests.proxy.conftest import Script, running_proxy, scripted_proxy
@@ -83,6 +85,47 @@ def test_requests_without_a_usable_session(proxy: str) -> None:
         f"{proxy}/sessions/s/v1/chat/completions", content=b"{nope", headers={"X-A": "b"}
     )
     assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
+
+
+def test_a_bad_partial_rollout_header_or_open_body_is_a_400_naming_it(proxy: str) -> None:
+    for value in ("yes", "2", ""):
+        client = OpenAI(
+            base_url=f"{proxy}/sessions/pr/v1",
+            api_key="x",
+            max_retries=0,
+            default_headers={PARTIAL_ROLLOUT_HEADER: value},
+        )
+        with pytest.raises(BadRequestError) as info:
+            _chat(client, [USER])
+        assert f"header X-Dressage-Partial-Rollout must be 0 or 1, got {value!r}" in str(
+            info.value.message
+        )
+        assert info.value.code == "invalid_header"
+    assert httpx.get(f"{proxy}/v1/sessions/pr/trajectory").status_code == 404  # nothing ran
+    for good in ("1", "0"):
+        client = OpenAI(
+            base_url=f"{proxy}/sessions/pr/v1",
+            api_key="x",
+            max_retries=0,
+            default_headers={PARTIAL_ROLLOUT_HEADER: good},
+        )
+        _chat(client, [USER])
+    bad = [
+        ({"partial_rollout": "yes"}, "partial_rollout must be true or false, got 'yes'"),
+        ({"partial_rollout": 1}, "partial_rollout must be true or false, got 1"),
+        ({"partial": True}, "unknown fields ['partial']"),
+        ([True], "the body must be a JSON object, got list"),
+    ]
+    for body, needle in bad:
+        response = httpx.post(f"{proxy}/v1/sessions/op/open", json=body)
+        assert response.status_code == 400 and needle in response.json()["error"]["message"]
+    assert httpx.get(f"{proxy}/v1/sessions/op/trajectory").status_code == 404
+    empty = httpx.post(f"{proxy}/v1/sessions/op/open")  # no body: the flag is off
+    assert empty.json() == {"session_id": "op", "status": "open", "partial_rollout": False}
+    assert httpx.post(f"{proxy}/v1/sessions/a%20b/open").status_code == 400
+    httpx.post(f"{proxy}/v1/sessions/pr/finalize").raise_for_status()
+    closed = httpx.post(f"{proxy}/v1/sessions/pr/open", json={"partial_rollout": True})
+    assert closed.status_code == 409 and closed.json()["error"]["code"] == "session_closed"
 
 
 def test_unknown_finalized_and_discarded_sessions(proxy: str) -> None:

@@ -1,4 +1,4 @@
-"""Contract tests of the engine client against reference/sglang.md: the ``/generate`` request it
+"""Contract tests of the engine client against docs/sglang.md: the ``/generate`` request it
 sends, how it reads answers and streams, the router's worker fan-out and error body, retries.
 
 A scripted server stands in for what cannot run here (an SGLang router with workers); the same

@@ -1,6 +1,7 @@
 """Rollout pause and resume one case at a time, on the real embedded engine: idle pauses, double
 pauses, resumes without a pause, the timeout, the engine's other pause modes, the baseline
-without partial rollout, the pause cap, and bad input (a clear 4xx that loses no generation)."""
+without partial rollout, partial rollout asked per call (header, session flag) with the
+proxy-wide switch off, the pause cap, and bad input (a clear 4xx that loses no generation)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from dressage.engine.testing import serve_engine
-from dressage.proxy.client import ProxyClient, ProxyClientError
+from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER, ProxyClient, ProxyClientError
 from dressage.proxy.config import ProxyConfigError, config_from_argv
 from dressage.proxy.errors import BadRequest
 from dressage.proxy.pause import parse_pause_request, parse_resume_request
@@ -62,9 +63,19 @@ class Env:
         self.proxy, self.wire, self.engine_url = proxy, wire, engine_url
         self.admin = ProxyClient(proxy, admin_key=ADMIN)
 
-    async def call(self, session: str, *, max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    async def call(
+        self,
+        session: str,
+        *,
+        max_tokens: int,
+        stream: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         client = AsyncOpenAI(
-            base_url=f"{self.proxy}/sessions/{session}/v1", api_key=API, max_retries=0
+            base_url=f"{self.proxy}/sessions/{session}/v1",
+            api_key=API,
+            max_retries=0,
+            default_headers=headers,
         )
         params: dict[str, Any] = {
             "model": "dressage",
@@ -250,6 +261,53 @@ def test_without_partial_rollout_a_paused_call_starts_again(
         (step,) = await env.steps("restart-2")
         assert result["finish"] == "abort" and 0 < result["tokens"] == len(step.output_ids) < 150
         assert step.finish_reason == "abort"
+
+    asyncio.run(scenario())
+
+
+def test_calls_that_ask_partial_rollout_keep_their_tokens_with_the_switch_off(
+    env_factory: Any, new_weights: Path
+) -> None:
+    env = env_factory(partial_rollout=False, record_token_versions=True)
+    ask = {PARTIAL_ROLLOUT_HEADER: "1"}
+
+    async def scenario() -> None:
+        old = _engine_version(env.engine_url)
+        opened = await env.admin.open_session("ask-session", partial_rollout=True)
+        assert opened == {"session_id": "ask-session", "status": "open", "partial_rollout": True}
+        calls = {
+            "ask-header": env.call("ask-header", max_tokens=150, headers=ask),
+            "ask-stream": env.call("ask-stream", max_tokens=150, stream=True, headers=ask),
+            "ask-session": env.call("ask-session", max_tokens=150),  # no header: the session's
+            "ask-none": env.call("ask-none", max_tokens=150, headers={PARTIAL_ROLLOUT_HEADER: "0"}),
+        }
+        tasks = {session: asyncio.create_task(call) for session, call in calls.items()}
+        await env.in_flight(4, settle=0.5)
+        # (paused_calls is not checked: under load an aborted answer may outlast the settle time)
+        assert (await env.admin.pause_rollout("update"))["in_flight_at_pause"] == 4
+        await asyncio.to_thread(update_engine, env.engine_url, new_weights, old + 1)
+        await env.admin.resume_rollout(old + 1, "update")
+        for session, task in tasks.items():  # the streamed one too: it was not cut short
+            assert await task == {"finish": "length", "tokens": 150}, session
+        for session, asked in (
+            ("ask-header", "header"), ("ask-stream", "header"), ("ask-session", "session")
+        ):  # fmt: skip
+            (step,) = await env.steps(session)
+            assert check_step_against_wire(step, env.wire, keep_partial=True) == 2, session
+            assert step.extra["partial_rollout"] == asked and step.extra["pauses"] == 1
+            assert "discarded_tokens" not in step.extra, session
+            versions = step.output_versions
+            assert versions[0] == old and versions[-1] == old + 1, session
+            (segment,) = await env.admin.finalize_session(session)
+            assert segment.extra_info["dressage_partial_rollout"] is True
+        # "0" asks nothing: as without the header, the call starts again from its prompt
+        (step,) = await env.steps("ask-none")
+        assert check_step_against_wire(step, env.wire, keep_partial=False) == 2
+        assert "partial_rollout" not in step.extra and step.extra["discarded_tokens"] > 0
+        assert set(step.output_versions) == {old + 1}
+        (segment,) = await env.admin.finalize_session("ask-none")
+        assert segment.extra_info["dressage_partial_rollout"] is False
+        assert (await env.admin.pause_state())["partial_rollout"] is False  # the switch: off
 
     asyncio.run(scenario())
 

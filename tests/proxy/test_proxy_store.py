@@ -151,6 +151,25 @@ def test_one_process_at_a_time(tmp_path: Path) -> None:
     TrajectoryStore.open(tmp_path).close()
 
 
+def test_the_partial_rollout_flag_of_a_session_survives_a_reopen(tmp_path: Path) -> None:
+    store = TrajectoryStore.open(tmp_path)
+    asyncio.run(store.set_partial_rollout("s1", False))  # the default: nothing to write
+    assert "s1" not in store.sessions and store.size_bytes == 0
+    asyncio.run(store.set_partial_rollout("s1", True))
+    asyncio.run(store.set_partial_rollout("s1", True))  # unchanged: written once
+    asyncio.run(store.append_step(_step("s1", 0, 0, 0)))
+    store.close()
+    lines = (tmp_path / LOG_NAME).read_bytes().splitlines()
+    assert [json.loads(line[9:])["t"] for line in lines] == ["options", "step"]
+    store = TrajectoryStore.open(tmp_path)
+    assert store.sessions["s1"].partial_rollout and store.report.skipped_corrupt == 0
+    assert store.sessions["s1"].num_steps == 1
+    asyncio.run(store.finalize("s1"))
+    with pytest.raises(StoreError, match="session s1 is finalized; its options are final"):
+        asyncio.run(store.set_partial_rollout("s1", False))
+    store.close()
+
+
 def test_fsync_mode_group_commits_concurrent_appends(tmp_path: Path) -> None:
     store = TrajectoryStore.open(tmp_path, fsync=True)
 

@@ -106,3 +106,31 @@ def test_divergence_is_detected_not_hidden() -> None:
     splitter.push("hello world")
     assert splitter.finish(_message(content="goodbye")) == {}
     assert splitter.diverged
+
+
+def test_a_stream_cut_inside_a_character_sends_its_tail(
+    tmp_path: Any, qwen35_tito: TITOTokenizer
+) -> None:
+    """An output that ends inside a multi-byte character (``max_tokens`` reached mid-emoji):
+    the held-back tail must reach the agent, so that what it accumulated is the recorded
+    message (it was marked sent and dropped: the agent's echo then differed)."""
+    from openai import OpenAI
+
+    from dressage.proxy.client import SyncProxyClient
+    from dressage.proxy.testing import EngineReply
+    from tests.proxy.conftest import Script, scripted_proxy
+
+    ids = qwen35_tito.encode("Here: 🦄")[:-1]  # the emoji's last byte token cut off
+    script = Script(qwen35_tito, EngineReply(ids, finish="length"))
+    with scripted_proxy(script, tmp_path, qwen35_tito, admin_key="key-1234") as (url, _):
+        client = OpenAI(base_url=f"{url}/sessions/cut/v1", api_key="x", max_retries=0)
+        chunks = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        )
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        trajectory = SyncProxyClient(url, admin_key="key-1234").read_trajectory("cut")
+    recorded = trajectory.steps[-1].messages[-1]["content"]
+    assert recorded.endswith("\ufffd") and streamed == recorded

@@ -2,7 +2,9 @@
 
 Agents run as Python coroutines and as commands; every way an agent can fail (timeout,
 exception, nothing recorded, a dead proxy) ends in one no-grad sample and never raises, and a
-retry discards the failed session. What must raise is a broken run configuration.
+retry discards the failed session. What must raise is a broken run configuration. With partial
+rollout on, the agent's calls keep their tokens across a rollout pause although the proxy runs
+without ``--dressage-partial-rollout`` (the header for Python agents, the session for commands).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
+from dressage.proxy.client import ProxyClient
 from dressage.proxy.tito import TITOTokenizer
 from dressage.rollout.generate.blackbox_dispatch import (
     AGENT_META,
     WhiteboxSampleError,
     generate,
 )
-from dressage.rollout.generate.settings import agent_sampling, parse_agent_spec
+from dressage.rollout.generate.settings import agent_sampling, dispatch_settings, parse_agent_spec
 from dressage.rollout.sample_meta import NO_GRAD_REASON, NUM_SEGMENTS, PARENT_TRAJ_ID
 from dressage.schemas import samples_to_table, validate_table
 from dressage.types import Sample
@@ -242,6 +245,72 @@ def test_per_sample_agent_and_env_settings(proxy_url: str, monkeypatch: pytest.M
     assert "tests.rollout.dispatch_agents.silent" in failed.metadata[NO_GRAD_REASON]
     (ok,) = _generate(SimpleNamespace(), _sample(index=18, agent="compacting"))
     assert ok.metadata[AGENT_META]["agent"] == "compacting"
+
+
+async def _pause_once_in_flight(url: str) -> None:
+    """Pause the proxy once a call generates (it has tokens by then), then resume it."""
+    proxy = ProxyClient(url)
+    try:
+        for _ in range(3000):
+            if (await proxy.pause_state())["in_flight"]:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        report = await proxy.pause_rollout("dispatch test", timeout_seconds=60)
+        assert report["in_flight_at_pause"] == 1, report
+        await proxy.resume_rollout(reason="dispatch test")
+    finally:
+        await proxy.aclose()
+
+
+@pytest.mark.parametrize(
+    ("agent", "partial_rollout", "asked"),
+    [
+        ("tool_user", True, "header"),
+        (f"cmd: {sys.executable} -m dressage.agents tool_user", True, "session"),
+        ("tool_user", False, None),
+    ],
+)
+def test_partial_rollout_keeps_the_agent_calls_tokens_across_a_pause(
+    proxy_url: str, agent: str, partial_rollout: bool, asked: str | None
+) -> None:
+    # slime's --partial-rollout; the proxy runs without --dressage-partial-rollout
+    args = _args(proxy_url, dressage_agent=agent, dressage_agent_max_turns=1)
+    args.partial_rollout = partial_rollout
+    params = {**PARAMS, "max_new_tokens": 300}  # long enough to be caught by the pause
+
+    async def run() -> list[Sample]:
+        samples, _ = await asyncio.gather(
+            generate(args, _sample(index=20), params), _pause_once_in_flight(proxy_url)
+        )
+        return samples
+
+    (sample,) = asyncio.run(run())
+    assert NO_GRAD_REASON not in sample.metadata, sample.metadata.get(NO_GRAD_REASON)
+    (step,) = _trajectory(proxy_url, sample.session_id)["steps"]
+    extra = step["extra"]
+    assert extra["pauses"] == 1 and extra["engine_requests"] == 2
+    if partial_rollout:  # continued from its partial output: nothing generated was dropped
+        assert "discarded_tokens" not in extra, extra["discarded_tokens"]
+    else:  # as before: the call started again from its prompt
+        assert extra["discarded_tokens"] > 0
+    assert extra.get("partial_rollout") == asked  # how the proxy was asked: header or session
+    assert extra["segment"]["flags"]["dressage_partial_rollout"] is partial_rollout
+    assert len(step["output_ids"]) == 300 and sum(sample.loss_mask or []) == 300
+
+
+def test_partial_rollout_setting_comes_from_slime_args_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DRESSAGE_AGENT_PARTIAL_ROLLOUT", raising=False)
+    url = "http://127.0.0.1:1"
+    assert not dispatch_settings(_args(url)).partial_rollout
+    assert not dispatch_settings(_args(url, partial_rollout=False)).partial_rollout
+    assert dispatch_settings(_args(url, partial_rollout=True)).partial_rollout
+    assert dispatch_settings(_args(url, dressage_partial_rollout="true")).partial_rollout
+    assert not dispatch_settings(_args(url, dressage_partial_rollout="0")).partial_rollout
+    monkeypatch.setenv("DRESSAGE_AGENT_PARTIAL_ROLLOUT", "1")
+    assert dispatch_settings(_args(url, partial_rollout=False)).partial_rollout
 
 
 def test_slime_sampling_params_map_to_request_fields() -> None:

@@ -1,7 +1,7 @@
 """Pinned chat templates: load, compile and render them exactly as transformers would.
 
 The templates in ``templates/`` are written by this project from the format facts
-(``shared/reference/qwen-chat-format.md`` for Qwen) and never change under a tokenizer's feet.
+(``docs/qwen-chat-format.md`` for Qwen) and never change under a tokenizer's feet.
 They run in the same Jinja environment as ``transformers``' ``apply_chat_template`` (sandboxed,
 ``trim_blocks``, ``lstrip_blocks``, a ``tojson`` that does not escape HTML), so a tokenizer that
 carries one as its ``chat_template`` renders byte for byte what TITO renders::

@@ -18,7 +18,10 @@ the encoded delta of what the next request appends::
 
 Families: ``qwen3.5`` (main), ``qwen3``, ``llama3``, ``deepseek``, each over its pinned template
 in ``templates/``; ``generic`` for any chat template; ``build_mode="snapshot"`` for the
-re-tokenize-everything baseline.
+re-tokenize-everything baseline. A family with a dot is also accepted with an underscore
+(``qwen3_5``, the spelling of slime's and transformers' ``model_type``):
+:func:`canonical_model_type` maps every accepted spelling (``MODEL_TYPE_SPELLINGS``) to its
+canonical name (``MODEL_TYPES``), which is what configs and records carry.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODEL_TYPES",
+    "MODEL_TYPE_SPELLINGS",
     "BoundaryReason",
     "BuildMode",
     "DeepSeekTITOTokenizer",
     "GenericTITOTokenizer",
     "Llama3TITOTokenizer",
-    "Qwen35TITOTokenizer",
     "Qwen3TITOTokenizer",
+    "Qwen35TITOTokenizer",
     "SegmentBoundary",
     "SnapshotTITOTokenizer",
     "TITOInputError",
@@ -57,6 +61,7 @@ __all__ = [
     "TITOTokenizer",
     "TITOTurn",
     "TemplateTITOTokenizer",
+    "canonical_model_type",
     "create_tito_tokenizer",
 ]
 
@@ -94,6 +99,29 @@ _FAMILIES: dict[str, type[TemplateTITOTokenizer]] = {
     "deepseek": DeepSeekTITOTokenizer,
 }
 MODEL_TYPES: tuple[str, ...] = (*_FAMILIES, "generic")
+"""The canonical family names."""
+_CANONICAL: dict[str, str] = {
+    spelling: name
+    for name in MODEL_TYPES
+    for spelling in dict.fromkeys((name, name.replace(".", "_")))
+}
+MODEL_TYPE_SPELLINGS: tuple[str, ...] = tuple(_CANONICAL)
+"""Every accepted spelling: each canonical name, then its underscore form when it has a dot
+(``qwen3.5``, ``qwen3_5``, ``qwen3``, ...)."""
+
+
+def canonical_model_type(model_type: str) -> str:
+    """The canonical family name of any accepted spelling (``qwen3_5`` -> ``qwen3.5``).
+
+    Raises:
+        ValueError: not a known family; the message lists every accepted spelling.
+    """
+    try:
+        return _CANONICAL[model_type]
+    except KeyError:
+        raise ValueError(
+            f"unknown TITO model_type {model_type!r}; expected one of {list(MODEL_TYPE_SPELLINGS)}"
+        ) from None
 
 
 def create_tito_tokenizer(
@@ -104,23 +132,23 @@ def create_tito_tokenizer(
     chat_template: str | None = None,
     parser: str | None = None,
 ) -> TITOTokenizer:
-    """The TITO tokenizer for ``model_type`` over ``tokenizer``.
+    """The TITO tokenizer for ``model_type`` (any spelling of ``MODEL_TYPE_SPELLINGS``) over
+    ``tokenizer``.
 
     ``chat_template`` and ``parser`` (an output-parser family) apply to ``generic`` only, which
     otherwise uses the tokenizer's own template and returns outputs as plain content.
     """
+    model_type = canonical_model_type(model_type)
     inner: TITOTokenizer
     if model_type == "generic":
         inner = GenericTITOTokenizer(tokenizer, chat_template=chat_template, parser=parser)
-    elif model_type in _FAMILIES:
+    else:
         if chat_template is not None or parser is not None:
             raise ValueError(
                 f"model_type {model_type!r} renders with its pinned template and parser; "
                 "chat_template and parser are for model_type='generic'"
             )
         inner = _FAMILIES[model_type](tokenizer)
-    else:
-        raise ValueError(f"unknown model_type {model_type!r}; expected one of {MODEL_TYPES}")
     if build_mode == "snapshot":
         return SnapshotTITOTokenizer(inner)
     if build_mode != "tito":

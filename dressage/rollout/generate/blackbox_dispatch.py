@@ -3,7 +3,7 @@
     --custom-generate-function-path dressage.rollout.generate.blackbox_dispatch.generate
 
 slime awaits ``generate(args, sample, sampling_params, evaluation=...)`` once per sample
-(reference/slime.md §2). Here that means:
+(docs/slime.md §2). Here that means:
 
 1. a fresh session id (the sample's index and group, the attempt, a random suffix);
 2. the sample's agent (:mod:`~dressage.rollout.generate.settings`: ``metadata["agent"]``, else
@@ -12,6 +12,16 @@ slime awaits ``generate(args, sample, sampling_params, evaluation=...)`` once pe
 3. the session is finalized and its segments expanded into sibling samples
    (:func:`~dressage.rollout.multi_segment.expand_segments_to_samples`; the anchor's
    ``response`` is the agent's final answer, which the reward hook scores).
+
+Partial rollout (slime's ``--partial-rollout``, or the dispatch's own setting: see
+:mod:`~dressage.rollout.generate.settings`): the agent's calls must keep their partial output
+across a weight-update pause, whatever the proxy-wide ``--dressage-partial-rollout`` says. The
+agent is a black box that only gets a base URL, so the dispatch asks it of the session: before
+the agent starts, it opens the session with ``partial_rollout`` (``ProxyClient.open_session``;
+the proxy keeps the flag in its store and applies it to every call of the session, whatever
+client the agent uses, a command included). The OpenAI client the dispatch builds for a Python
+agent also sends ``X-Dressage-Partial-Rollout: 1`` on every call: the proxy's per-call form of
+the same request, which the step then records as the reason (``extra["partial_rollout"]``).
 
 An attempt fails on a timeout, an agent error, a proxy error, or a session without segments;
 the session is then discarded and a new one started, up to the configured attempts. A sample
@@ -37,7 +47,7 @@ from typing import Any
 import httpx
 
 from dressage.agents.base import AgentResult, AgentTask
-from dressage.proxy.client import ProxyClient, ProxyClientError
+from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER, ProxyClient, ProxyClientError
 from dressage.rollout.generate.runners import AgentFailure, run_agent
 from dressage.rollout.generate.settings import (
     AgentSpec,
@@ -97,7 +107,7 @@ async def generate(
             session_id = _session_id(sample, attempt)
             try:
                 result, samples = await _attempt(
-                    args, sample, spec, task, proxy, session_id, settings.timeout_s
+                    args, sample, spec, task, proxy, session_id, settings
                 )
             except (_AttemptFailed, AgentFailure) as exc:
                 failures.append(f"attempt {attempt} (session {session_id}): {exc}")
@@ -159,15 +169,20 @@ async def _attempt(
     task: AgentTask,
     proxy: ProxyClient,
     session_id: str,
-    timeout_s: float,
+    settings: DispatchSettings,
 ) -> tuple[AgentResult, list[Sample]]:
+    headers = None
+    if settings.partial_rollout:
+        await _open_with_partial_rollout(proxy, session_id)
+        headers = {PARTIAL_ROLLOUT_HEADER: "1"}
     result = await run_agent(
         spec,
         task,
         base_url=proxy.session_base_url(session_id),
         session_id=session_id,
         api_key=proxy.api_key,
-        timeout_s=timeout_s,
+        timeout_s=settings.timeout_s,
+        headers=headers,
     )
     try:
         segments = await proxy.finalize_session(session_id)
@@ -187,6 +202,16 @@ async def _attempt(
     except ValueError as exc:
         raise _AttemptFailed("bad_segments", str(exc)) from None
     return result, samples
+
+
+async def _open_with_partial_rollout(proxy: ProxyClient, session_id: str) -> None:
+    """Ask partial rollout of every call of the session, before its agent runs."""
+    try:
+        await proxy.open_session(session_id, partial_rollout=True)
+    except ProxyClientError as exc:
+        raise _AttemptFailed("proxy_error", f"open: {exc}") from None
+    except httpx.HTTPError as exc:
+        raise _AttemptFailed("proxy_error", f"open: {type(exc).__name__}: {exc}") from None
 
 
 async def _discard(proxy: ProxyClient, session_id: str) -> None:

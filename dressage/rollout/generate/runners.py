@@ -6,7 +6,9 @@ decides what a failure means for the sample.
 
 Python agents run as coroutines on the rollout's event loop with the async OpenAI SDK pointed
 at the session (``base_url`` = the session's URL, ``max_retries=0``: the dispatch retries with a
-fresh session instead), so many samples' agents run concurrently in one process.
+fresh session instead, and ``headers`` as the client's default headers on every call: the
+dispatch's ``X-Dressage-Partial-Rollout: 1``), so many samples' agents run concurrently in one
+process.
 
 Commands run as asyncio subprocesses, in their own process group (a timeout kills the group,
 children included). The command contract:
@@ -20,6 +22,9 @@ children included). The command contract:
 * the final answer is the ``final_answer`` of the last stdout line when that line is a JSON
   object (what ``python -m dressage.agents`` prints), else the whole of stdout, stripped;
 * exit status 0 is success; anything else fails the attempt (the stderr tail is the reason).
+
+A command's own HTTP client cannot be given headers: whatever the dispatch must tell the proxy
+about its calls it sets on the session instead (``ProxyClient.open_session``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import os
 import shlex
 import signal
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from dressage.agents.base import AgentResult, AgentTask
@@ -52,13 +58,23 @@ class AgentFailure(RuntimeError):
 
 
 async def run_python_agent(
-    path: str, task: AgentTask, *, base_url: str, api_key: str | None, timeout_s: float
+    path: str,
+    task: AgentTask,
+    *,
+    base_url: str,
+    api_key: str | None,
+    timeout_s: float,
+    headers: Mapping[str, str] | None = None,
 ) -> AgentResult:
     from openai import AsyncOpenAI
 
     agent = load_agent(path)
     client = AsyncOpenAI(
-        base_url=base_url, api_key=api_key or "unused", max_retries=0, timeout=timeout_s
+        base_url=base_url,
+        api_key=api_key or "unused",
+        max_retries=0,
+        timeout=timeout_s,
+        default_headers=headers,
     )
     try:
         result = await asyncio.wait_for(agent(client, task), timeout_s)
@@ -145,8 +161,10 @@ async def run_agent(
     session_id: str,
     api_key: str | None,
     timeout_s: float,
+    headers: Mapping[str, str] | None = None,
 ) -> AgentResult:
-    """One attempt of ``spec`` on ``task`` in the session at ``base_url``."""
+    """One attempt of ``spec`` on ``task`` in the session at ``base_url``; ``headers`` go on
+    every call of a Python agent (a command's calls cannot carry them: see the docstring)."""
     if spec.kind == "command":
         return await run_command_agent(
             spec.target,
@@ -157,5 +175,5 @@ async def run_agent(
             timeout_s=timeout_s,
         )
     return await run_python_agent(
-        spec.target, task, base_url=base_url, api_key=api_key, timeout_s=timeout_s
+        spec.target, task, base_url=base_url, api_key=api_key, timeout_s=timeout_s, headers=headers
     )

@@ -1,6 +1,7 @@
 """What the black-box dispatch reads from slime's ``args``, the environment and each sample.
 
-Read once per call into :class:`DispatchSettings` (a frozen dataclass), first found wins:
+Read once per call into :class:`DispatchSettings` (a frozen dataclass), first found wins
+(partial rollout: any source that is on turns it on):
 
 =========================  ===================================  =================================
 setting                    ``args`` attribute                   environment (default)
@@ -12,9 +13,16 @@ agent                      ``dressage_agent``                   ``DRESSAGE_AGENT
 timeout per attempt (s)    ``dressage_agent_timeout``           ``DRESSAGE_AGENT_TIMEOUT_SEC`` (600)
 attempts                   ``dressage_agent_attempts``          ``DRESSAGE_AGENT_ATTEMPTS`` (2)
 turns per run              ``dressage_agent_max_turns``         ``DRESSAGE_AGENT_MAX_TURNS`` (4)
+partial rollout            ``partial_rollout`` (slime's         ``DRESSAGE_AGENT_PARTIAL_ROLLOUT``
+                           ``--partial-rollout``) or            (0)
+                           ``dressage_partial_rollout``
 =========================  ===================================  =================================
 
 slime puts the keys of ``--custom-config-path run.yaml`` on ``args``, so a run sets them there.
+With partial rollout on, the dispatch asks the proxy to keep each agent call's partial output
+across weight-update pauses, even when the proxy-wide ``--dressage-partial-rollout`` is off
+(:mod:`~dressage.rollout.generate.blackbox_dispatch` says how).
+
 A sample's ``metadata`` may override ``agent``, ``max_turns`` and ``compact_after`` (a dataset
 row's ``metadata`` lands there). An agent is named by one of (:func:`parse_agent_spec`)::
 
@@ -28,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dressage.config.env import declare, env_int, env_str
+from dressage.config.env import declare, env_bool, env_int, env_str
 
 __all__ = [
     "AgentSpec",
@@ -54,6 +62,12 @@ declare(
     "Attempts per sample (black-box rollout); each retry discards the failed session.",
 )
 declare("DRESSAGE_AGENT_MAX_TURNS", "4", "Model calls one agent run may make (black-box rollout).")
+declare(
+    "DRESSAGE_AGENT_PARTIAL_ROLLOUT",
+    "0",
+    "Ask the proxy to keep black-box agent calls' partial output across weight-update pauses "
+    "(slime's --partial-rollout turns it on too).",
+)
 
 COMMAND_PREFIX = "cmd:"
 
@@ -102,6 +116,8 @@ class DispatchSettings:
     attempts: int
     max_turns: int
     retry_delay_s: float = 0.5
+    partial_rollout: bool = False
+    """The agent's calls keep their partial output across rollout pauses (see the docstring)."""
 
 
 def _first(args: Any, attr: str, env: str) -> str | None:
@@ -119,6 +135,17 @@ def _positive(value: Any, name: str) -> float:
     if not number > 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return number
+
+
+def _partial_rollout(args: Any) -> bool:
+    """slime's ``--partial-rollout``, ``dressage_partial_rollout`` or the variable: any is on."""
+    for attr in ("partial_rollout", "dressage_partial_rollout"):
+        value = getattr(args, attr, None)
+        if isinstance(value, str):  # a YAML string or a hand-set attribute
+            value = value.strip().lower() in ("1", "true", "yes", "on")
+        if value:
+            return True
+    return env_bool("DRESSAGE_AGENT_PARTIAL_ROLLOUT")
 
 
 def dispatch_settings(args: Any) -> DispatchSettings:
@@ -144,6 +171,7 @@ def dispatch_settings(args: Any) -> DispatchSettings:
         timeout_s=_positive(timeout, "the agent timeout"),
         attempts=int(_positive(attempts, "the agent attempts")),
         max_turns=int(_positive(turns, "the agent max turns")),
+        partial_rollout=_partial_rollout(args),
     )
 
 

@@ -8,10 +8,17 @@ import pytest
 
 from dressage.assets import load_tokenizer
 from dressage.assets.family_tokenizers import load_family_tokenizer
+from dressage.proxy import tito as tito_package
 from dressage.proxy.tito import (
+    MODEL_TYPE_SPELLINGS,
+    DeepSeekTITOTokenizer,
+    Llama3TITOTokenizer,
+    Qwen3TITOTokenizer,
+    Qwen35TITOTokenizer,
     SegmentBoundary,
     TITOTokenizer,
     TITOTurn,
+    canonical_model_type,
     create_tito_tokenizer,
     load_pinned_template,
 )
@@ -39,7 +46,39 @@ KWARGS: dict[str, dict[str, Any]] = {"deepseek": {"enable_thinking": True}}
 
 
 def _tokenizer(family: str) -> Any:
-    return load_tokenizer("qwen3") if family == "qwen3" else load_family_tokenizer(family)
+    if family in ("qwen3", "qwen3.5"):
+        return load_tokenizer(family)
+    return load_family_tokenizer(family)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "cls"),
+    [
+        ("qwen3.5", Qwen35TITOTokenizer),
+        ("qwen3_5", Qwen35TITOTokenizer),
+        ("qwen3", Qwen3TITOTokenizer),
+        ("llama3", Llama3TITOTokenizer),
+        ("deepseek", DeepSeekTITOTokenizer),
+    ],
+)
+def test_every_spelling_builds_its_family_class_exported_by_the_package(
+    spelling: str, cls: type[TITOTokenizer]
+) -> None:
+    family = canonical_model_type(spelling)
+    tito = create_tito_tokenizer(_tokenizer(family), model_type=spelling)
+    assert type(tito) is cls and cls.__name__ in tito_package.__all__
+    assert tito.parser_family == family  # the canonical name, whatever the spelling
+
+
+def test_spellings_and_the_error_for_an_unknown_family() -> None:
+    assert MODEL_TYPE_SPELLINGS == ("qwen3.5", "qwen3_5", "qwen3", "llama3", "deepseek", "generic")
+    assert [canonical_model_type(s) for s in ("qwen3_5", "qwen3.5", "generic")] == [
+        "qwen3.5",
+        "qwen3.5",
+        "generic",
+    ]
+    with pytest.raises(ValueError, match=r"'qwen4'; expected one of \['qwen3.5', 'qwen3_5'"):
+        create_tito_tokenizer(load_tokenizer("qwen3.5"), model_type="qwen4")
 
 
 def _run(tito: TITOTokenizer, family: str, *, stop: bool = True) -> tuple[TITOTurn, list[Any]]:
