@@ -1,9 +1,11 @@
 """The ``Sample.metadata`` vocabulary that dressage writes and reads, in one place.
 
-slime passes ``metadata`` through untouched (reference/slime.md §1.1), so it is where a sample
-carries what slime has no field for: which trajectory and prompt it belongs to, which segment it
-is, and facts computed once when the sample was written from its segment (its trainable-token
-count) so that the converter does not recompute them per batch.
+slime leaves the keys it does not know in ``metadata`` alone (docs/slime.md §1.1: it writes
+``start_rollout_id`` under ``--partial-rollout`` and reads ``raw_reward``, ``round_number``,
+``source_name`` and ``rm_type``), so it is where a sample carries what slime has no field
+for: which trajectory and prompt it belongs to, which segment it is, and facts computed once
+when the sample was written from its segment (its trainable-token count) so that the converter
+does not recompute them per batch.
 
 Keys::
 
@@ -40,6 +42,7 @@ __all__ = [
     "WRITTEN",
     "cached_loss_mask_sum",
     "describe",
+    "record_loss_mask_sum",
     "record_written",
     "recorded_loss_mask_sum",
 ]
@@ -83,7 +86,11 @@ def record_written(sample: Sample, loss_mask_sum: int) -> None:
 
 def recorded_loss_mask_sum(metadata: dict[str, Any], response_length: int) -> int | None:
     """The recorded count if it was taken at ``response_length`` (the caller checks the lists)."""
-    record = metadata.get(WRITTEN)
+    return record_loss_mask_sum(metadata.get(WRITTEN), response_length)
+
+
+def record_loss_mask_sum(record: Any, response_length: int) -> int | None:
+    """:func:`recorded_loss_mask_sum` of the record itself (``metadata["dressage_written"]``)."""
     if type(record) is not dict or record.get("response_length") != response_length:
         return None
     value = record.get("loss_mask_sum")

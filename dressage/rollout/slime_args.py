@@ -2,15 +2,33 @@
 
 slime hands every hook its whole argparse ``Namespace``; reading it with scattered ``getattr``
 calls hides which flags matter and what their defaults are. :func:`slime_args` reads them once,
-with slime's defaults (reference/slime.md §2, §4, §5), into a frozen dataclass.
+with slime's defaults (docs/slime.md §2, §4, §5), into a frozen dataclass.
+
+Dressage's own converter flags live here too, so that every ``parse_args(add_custom_arguments=...)``
+hook (``add_mopd_arguments``, ``add_rollout_pause_arguments``) registers them from one definition,
+:func:`add_dressage_arguments`:
+
+    --dressage-prompt-equal-estimators NAME [NAME ...]
+        estimators that get prompt-equal loss denominators (dressage.rollout.convert_samples);
+        default grpo and reinforce_plus_plus_baseline; gspo and cispo only when named here;
+        ``none`` turns prompt-equal off.
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GROUP_NORMALIZED_ESTIMATORS", "PROMPT_EQUAL_ESTIMATORS", "SlimeArgs", "slime_args"]
+__all__ = [
+    "DEFAULT_PROMPT_EQUAL_ESTIMATORS",
+    "GROUP_NORMALIZED_ESTIMATORS",
+    "PROMPT_EQUAL_FLAG",
+    "SlimeArgs",
+    "add_dressage_arguments",
+    "slime_args",
+]
 
 GROUP_NORMALIZED_ESTIMATORS = frozenset({"grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"})
 """Estimators whose rewards slime normalises per prompt group (reference §4.1)."""
@@ -18,8 +36,18 @@ GROUP_NORMALIZED_ESTIMATORS = frozenset({"grpo", "gspo", "cispo", "reinforce_plu
 STD_NORMALIZED_ESTIMATORS = frozenset({"grpo", "gspo", "cispo"})
 """Of those, the ones that also divide by the group std (reinforce++ baseline only centres)."""
 
-PROMPT_EQUAL_ESTIMATORS = GROUP_NORMALIZED_ESTIMATORS
-"""Estimators that get prompt-equal ``rollout_mask_sums`` (the others get slime's own)."""
+DEFAULT_PROMPT_EQUAL_ESTIMATORS = frozenset({"grpo", "reinforce_plus_plus_baseline"})
+"""Estimators that get prompt-equal ``rollout_mask_sums`` unless the flag below says otherwise.
+
+gspo and cispo are left out by design: they weigh each sequence through its own ratio (gspo's
+sequence-level ratio, cispo's truncated per-token weight), so reweighting their tokens per prompt
+is a choice to make per run, not a default."""
+
+PROMPT_EQUAL_FLAG = "--dressage-prompt-equal-estimators"
+"""Names the estimators that get prompt-equal denominators (args attribute below)."""
+
+_PROMPT_EQUAL_ATTR = "dressage_prompt_equal_estimators"
+_NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -33,6 +61,7 @@ class SlimeArgs:
     context_parallel_size: int = 1
     mask_offpolicy_in_partial_rollout: bool = False
     rollout_top_p: float = 1.0
+    prompt_equal_estimators: frozenset[str] = DEFAULT_PROMPT_EQUAL_ESTIMATORS
 
     @property
     def normalizes_rewards(self) -> bool:
@@ -50,8 +79,13 @@ class SlimeArgs:
         )
 
     @property
+    def carries_teacher_ids(self) -> bool:
+        """MOPD: the converter fills slime's ``prompt`` slot with each sample's teacher id."""
+        return self.advantage_estimator == "mopd"
+
+    @property
     def prompt_equal(self) -> bool:
-        return self.advantage_estimator in PROMPT_EQUAL_ESTIMATORS
+        return self.advantage_estimator in self.prompt_equal_estimators
 
     @property
     def token_cap(self) -> int | None:
@@ -91,4 +125,47 @@ def slime_args(args: Any) -> SlimeArgs:
             getattr(args, "mask_offpolicy_in_partial_rollout", False)
         ),
         rollout_top_p=float(_default(getattr(args, "rollout_top_p", None), 1.0)),
+        prompt_equal_estimators=_prompt_equal_estimators(getattr(args, _PROMPT_EQUAL_ATTR, None)),
+    )
+
+
+def _prompt_equal_estimators(value: str | Iterable[str] | None) -> frozenset[str]:
+    """The flag's names (a list from argparse, or one comma/space separated string).
+
+    Raises:
+        ValueError: a name that is not a group-normalised estimator: prompt-equal weights need
+            per-prompt groups, which ppo and reinforce_plus_plus do not have.
+    """
+    if value is None:
+        return DEFAULT_PROMPT_EQUAL_ESTIMATORS
+    items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+    names = {str(item).strip() for item in items} - {""}
+    if names == {_NONE}:
+        return frozenset()
+    unknown = sorted(names - GROUP_NORMALIZED_ESTIMATORS)
+    if unknown or not names:
+        choices = ", ".join(sorted(GROUP_NORMALIZED_ESTIMATORS))
+        raise ValueError(
+            f"{PROMPT_EQUAL_FLAG}: {unknown or value!r} not allowed; name one or more of "
+            f"{choices} (estimators with per-prompt groups), or {_NONE!r}"
+        )
+    return frozenset(names)
+
+
+def add_dressage_arguments(parser: argparse._ActionsContainer) -> None:
+    """Register dressage's converter flags on a parser or argument group.
+
+    slime's ``parse_args(add_custom_arguments=...)`` hooks call it (the parser, or the group
+    they made), so every entry point that can run the converter accepts the same flags.
+    """
+    parser.add_argument(
+        PROMPT_EQUAL_FLAG,
+        dest=_PROMPT_EQUAL_ATTR,
+        nargs="+",
+        default=None,
+        choices=[*sorted(GROUP_NORMALIZED_ESTIMATORS), _NONE],
+        metavar="ESTIMATOR",
+        help="estimators with prompt-equal loss denominators (default: "
+        f"{' '.join(sorted(DEFAULT_PROMPT_EQUAL_ESTIMATORS))}; gspo/cispo only when named; "
+        f"{_NONE!r} for none)",
     )

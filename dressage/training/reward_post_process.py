@@ -2,7 +2,7 @@
 
     --custom-reward-post-process-path dressage.training.reward_post_process.reward_post_process
 
-slime's default (reference/slime.md §4.1) groups rewards *positionally* and falls back to one
+slime's default (docs/slime.md §4.1) groups rewards *positionally* and falls back to one
 batch-wide group as soon as the sample count is not ``n_samples_per_prompt x
 rollout_batch_size``, which is always the case once trajectories split into segments. Here:
 
@@ -20,6 +20,9 @@ rollout_batch_size``, which is always the case once trajectories split into segm
   in; the issue asks otherwise) and get 0.0 when normalising. A removed anchor may have no
   reward (it counts as 0.0).
 * The anchor's post-processed value is broadcast to all its siblings for every estimator.
+  A plain slime rollout of several samples (siblings by ``rollout_id`` without segment keys,
+  dressage.rollout.layout) is anchored at its last sample; slime's producers give every
+  sibling the trajectory's reward, so only the anchor's is read.
 * ``raw`` stays sparse: the anchor's raw reward, 0.0 for its siblings.
 
 Arithmetic is float64 (slime's default uses float32 tensors; the values agree to ~1e-6).
@@ -34,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from dressage.rollout.layout import BatchLayout, build_layout
+from dressage.rollout.layout import BatchLayout, SampleColumns, build_layout, read_columns
 from dressage.rollout.sample_meta import describe
 from dressage.rollout.slime_args import SlimeArgs, slime_args
 from dressage.types import Sample
@@ -47,18 +50,32 @@ STD_EPS = 1e-6
 def reward_post_process(args: Any, samples: list[Sample]) -> tuple[list[float], list[float]]:
     """slime hook: ``(raw_rewards, rewards)`` for the flat batch ``samples``."""
     view = slime_args(args)
-    layout = build_layout(samples, need_prompts=view.normalizes_rewards)
-    return post_process_rewards(view, samples, layout)
+    columns = read_columns(samples)
+    layout = build_layout(samples, need_prompts=view.normalizes_rewards, columns=columns)
+    return post_process_rewards(view, samples, layout, columns=columns)
 
 
 def post_process_rewards(
-    view: SlimeArgs, samples: Sequence[Sample], layout: BatchLayout
+    view: SlimeArgs,
+    samples: Sequence[Sample],
+    layout: BatchLayout,
+    *,
+    columns: SampleColumns | None = None,
 ) -> tuple[list[float], list[float]]:
-    """The work of :func:`reward_post_process` on an already built layout (the converter's)."""
+    """The work of :func:`reward_post_process` on an already built layout (the converter's).
+
+    ``columns`` (the converter's ``read_columns(samples)``) saves a pass over the anchors.
+    """
     anchors = layout.anchors
-    anchor_samples = [samples[a] for a in anchors.tolist()]
-    removed = np.array([s.remove_sample for s in anchor_samples], dtype=bool)
-    values = _anchor_values(anchor_samples, removed, view.reward_key)
+    positions = anchors.tolist()
+    if columns is None:
+        anchor_samples = [samples[a] for a in positions]
+        removed = np.array([s.remove_sample for s in anchor_samples], dtype=bool)
+        rewards = [s.reward for s in anchor_samples]
+    else:
+        removed = np.array(columns.removed, dtype=bool)[anchors]
+        rewards = [columns.rewards[a] for a in positions]
+    values = _anchor_values(samples, positions, rewards, removed, view.reward_key)
     raw = np.zeros(len(samples), dtype=np.float64)
     raw[anchors] = values
     per_rollout = values
@@ -71,18 +88,22 @@ def post_process_rewards(
 
 
 def _anchor_values(
-    anchors: list[Sample], removed: np.ndarray, reward_key: str | None
+    samples: Sequence[Sample],
+    positions: list[int],
+    rewards: list[Any],
+    removed: np.ndarray,
+    reward_key: str | None,
 ) -> np.ndarray:
-    """(R,) float64 rewards of the anchors; plain finite floats take the fast path."""
-    rewards = [s.reward for s in anchors]
-    if reward_key is None and all(type(r) is float for r in rewards):
+    """(R,) float64 rewards of the anchors at ``positions``; finite floats take the fast path
+    (which touches no sample: on a large batch each sample touched is a cache miss)."""
+    if reward_key is None and set(map(type, rewards)) == {float}:
         values = np.array(rewards, dtype=np.float64)
         if np.isfinite(values).all():
             return values
     return np.array(
         [
-            reward_value(s, reward_key, allow_none=bool(r))
-            for s, r in zip(anchors, removed, strict=True)
+            reward_value(samples[a], reward_key, allow_none=bool(r))
+            for a, r in zip(positions, removed, strict=True)
         ],
         dtype=np.float64,
     )
