@@ -52,14 +52,16 @@ __all__ = [
     "Problem",
     "StudentSpec",
     "TeacherSpec",
+    "UNSUPPORTED_SLIME_OPTIONS",
     "load_mopd_config",
     "mopd_args_defaults",
     "resolve_checkpoint",
     "validate_mopd_run",
 ]
 
-# slime args attribute -> the dressage hook it must name (ARCHITECTURE.md ★ paths). The first four
-# carry the objective and the teacher ids; a run that swaps any of them is not MOPD any more.
+# slime args attribute -> the dressage hook it must name (docs/architecture.md ★ paths). The
+# first four carry the objective and the teacher ids; a run that swaps any of them is not MOPD
+# any more.
 MOPD_HOOKS: Mapping[str, str] = {
     "custom_advantage_function_path": "dressage.training.mopd_loss.compute_mopd_advantages",
     "custom_loss_function_path": "dressage.training.mopd_loss.mopd_policy_loss",
@@ -77,7 +79,7 @@ _REQUIRED_HOOKS = (
     "custom_convert_samples_to_train_data_path",
     "data_source_path",
 )
-# slime awaits these (reference/slime.md §2), so a plain function fails only mid-rollout.
+# slime awaits these (docs/slime.md §2), so a plain function fails only mid-rollout.
 _COROUTINE_HOOKS = {"custom_rm_path", "custom_generate_function_path"}
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
@@ -374,6 +376,26 @@ def _config_problems(config: MopdConfig, *, check_paths: bool) -> list[Problem]:
     return problems
 
 
+# slime options the project's rollout path cannot honour: refused before anything starts.
+UNSUPPORTED_SLIME_OPTIONS: dict[str, tuple[str, str]] = {
+    "use_rollout_routing_replay": (
+        "--use-rollout-routing-replay",
+        "rollout routing replay (R3) needs each token's routed experts from the engine; the "
+        "recording proxy does not record them, so the trainer would replay nothing "
+        "(--use-routing-replay, which records routing in the training forward, is supported)",
+    ),
+}
+
+
+def unsupported_slime_options(args: Any) -> list[Problem]:
+    """Problems for the slime options set in ``args`` that no dressage path can honour."""
+    return [
+        Problem(f"option {flag}", why)
+        for attr, (flag, why) in UNSUPPORTED_SLIME_OPTIONS.items()
+        if getattr(args, attr, False)
+    ]
+
+
 def _objective_problems(args: Any) -> list[Problem]:
     """Options that contradict A_t = clip(log π_T − log π_old, ±c), L = −mean(A_t · log π)."""
 
@@ -416,6 +438,7 @@ def _objective_problems(args: Any) -> list[Problem]:
             bad(flag, f"must be {MOPD_HOOKS[attr]}, got {opt(attr, None)!r}")
     if opt("use_opd", False):
         bad("--use-opd", "slime's single-teacher OPD shaping would be added on top of MOPD")
+    problems += unsupported_slime_options(args)
     if opt("use_critic", False) or opt("advantage_estimator", "") == "ppo":
         bad("--advantage-estimator", "a critic (ppo) is not part of MOPD")
     if not opt("compute_advantages_and_returns", True):

@@ -63,6 +63,7 @@ def mopd_teacher_metrics(
     rollout_ids: Sequence[int],
     loss_masks: Sequence[Tensor],
     sample_denoms: Sequence[float] | Tensor,
+    trainable_tokens: Sequence[float] | None = None,
     reverse_kl: Sequence[Tensor],
     raw_rewards: Sequence[float | None] | None,
     sums_out: dict[str, tuple[float, float]] | None = None,
@@ -74,8 +75,11 @@ def mopd_teacher_metrics(
 
     Args:
         teacher_ids / rollout_ids: one per sample.
-        loss_masks: ``[R_i]`` per sample.
+        loss_masks: ``[R_i]`` per sample, aligned with ``reverse_kl`` (under context
+            parallelism both are this rank's slice, so sums add up over the CP group).
         sample_denoms: ``rollout_mask_sums``, ``[n]``.
+        trainable_tokens: each sample's whole trainable-token count (which trajectories count
+            for the reward mean); default the sums of ``loss_masks``.
         reverse_kl: per sample ``[R_i]``, ``log pi_student_old - log pi_teacher`` on the sampled
             tokens.
         raw_rewards: environment reward per sample (None for siblings), or None if absent.
@@ -100,7 +104,7 @@ def mopd_teacher_metrics(
             kl_num.get(tid, 0.0) + float((reverse_kl[i].double().cpu() * mask).sum()) * weight
         )
         kl_den[tid] = kl_den.get(tid, 0.0) + tokens * weight
-        if tokens > 0:
+        if (tokens if trainable_tokens is None else trainable_tokens[i]) > 0:
             trainable.setdefault(tid, set()).add(int(rollout_ids[i]))
     sums: dict[str, tuple[float, float]] = {}
     for tid in kl_num:

@@ -4,12 +4,10 @@ Two layers:
 
 * Tensor level, backend-neutral. ``response_log_probs(args, batch, logits)`` turns the logits a
   slime loss hook receives (packed: samples concatenated along the sequence, ``[1, T, V]``) into
-  per-sample response log-probs. It is the single place where logits become log-probs; loss hooks
-  get it through :func:`log_prob_function`. On a cluster, Megatron hands the hook
-  **vocab-parallel** logits (``V / TP`` columns per rank), for which a plain ``log_softmax`` is
-  wrong: set ``args.log_prob_function_path`` to a wrapper around slime's own helper
-  (``slime.backends.megatron_utils.loss.get_log_probs_and_entropy``) with the signature of
-  :func:`response_log_probs`, and the same hooks run unchanged.
+  per-sample response log-probs on one rank (no TP, no CP). Loss hooks get their log-prob
+  function through :func:`log_prob_function`: this one off Megatron, and slime's own
+  ``get_log_probs_and_entropy`` (vocab-parallel logits, CP slices) inside slime's Megatron
+  actor (:mod:`dressage.training.megatron_path`), so the same hooks run unchanged on both.
 * Model level, for Hugging Face causal LMs (the embedded trainer and teacher scoring): a padded
   forward through ``model.base_model`` and the output embeddings applied in chunks of tokens, so
   full ``[T, V]`` logits exist only where the loss hook needs them.
@@ -29,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from dressage.training.hooks import load_function
+from dressage.training.megatron_path import megatron_active, slime_response_log_probs
 
 __all__ = [
     "LogProbFunction",
@@ -235,9 +234,17 @@ def response_log_probs(
 
 
 def log_prob_function(args: Namespace) -> LogProbFunction:
-    """The logits→log-prob function for loss hooks: ``args.log_prob_function_path`` or ours."""
+    """The logits→log-prob function for loss hooks.
+
+    ``args.log_prob_function_path`` when set; slime's own (vocab-parallel, CP-aware) path when
+    Megatron's parallel state is up (:mod:`dressage.training.megatron_path`); else ours.
+    """
     path = getattr(args, "log_prob_function_path", None)
-    return load_function(path) if path else response_log_probs
+    if path:
+        return load_function(path)
+    if megatron_active():
+        return slime_response_log_probs
+    return response_log_probs
 
 
 # --- Hugging Face causal LMs -------------------------------------------------------------------

@@ -5,20 +5,26 @@ The driver (dressage.training.mopd_train) hands it to slime with
 ``MegatronTrainRayActor`` it only:
 
 * ``init``: loads each teacher of the MOPD config into slime's ``TensorBackuper`` under the tag
-  ``teacher:<id>`` (slime's ``load_other_checkpoint``), then switches back to ``"actor"``;
-* ``train_actor``/``compute_log_prob``: at the first log-prob pass slime runs for a rollout, it
-  first groups the rank-local samples by teacher id (the ``prompt`` slot, filled by the MOPD
-  converter), switches to each teacher present, runs slime's ``compute_log_prob`` with
-  ``store_prefix="teacher_"`` and keeps that teacher's rows, writes
-  ``rollout_data["teacher_log_probs"]`` in sample order, and switches back to the model slime
-  had active. The custom advantage hook (dressage.training.mopd_loss) reads it. A
-  ``store_prefix="teacher_"`` pass that slime itself asks for (its single-teacher OPD) yields
-  nothing, so it cannot overwrite the per-sample scores. If slime ran no log-prob pass at all,
-  the step fails (the advantage hook finds no teacher log-probs).
+  ``teacher:<id>`` (slime's ``load_other_checkpoint``, a pinned ``ckpt_step`` through
+  ``args.ckpt_step``, so no extra ``"teacher"`` tag is left for slime to restore every step),
+  then switches back to ``"actor"``. The load runs while the actor is awake: under
+  ``--offload-train`` (the default with ``--colocate``) slime's ``init`` ends with
+  ``self.sleep()``, and the actor loads its teachers at that call, just before it sleeps;
+* ``compute_log_prob``: at the first log-prob pass slime runs for a rollout, it first groups the
+  rank-local samples by teacher id (the ``prompt`` slot, filled by the MOPD converter), and for
+  each teacher present switches to it and runs slime's ``compute_log_prob`` with
+  ``store_prefix="teacher_"`` over that teacher's samples only, packed into micro-batches of
+  their own the way slime packs a step (``first_fit_pack`` under ``--use-dynamic-batch-size``,
+  ``--micro-batch-size`` chunks otherwise): K teachers cost one pass over the batch, not K.
+  The scores land in ``rollout_data["teacher_log_probs"]`` in sample order, and the model slime
+  had active comes back. The custom advantage hook (dressage.training.mopd_loss) reads them;
+* ``rollout_data_postprocess`` (slime calls it between the advantage hook and its train-side
+  rollout logging): drops the ``prompt`` slot, whose teacher-id strings slime's logging would
+  try to average, after running the user's own postprocess hook, if any.
 
-Each teacher pass runs over the rank's whole batch with slime's own micro-batches: building
-compact per-teacher micro-batches needs slime's data-iterator internals, which its documented
-plug-in surface (reference/slime.md §6.3) does not include.
+If slime ran no log-prob pass at all, the step fails (the advantage hook finds no teacher
+log-probs). Under ``--use-routing-replay`` the teacher passes run with
+``ROUTING_REPLAY_STAGE=fallthrough``, as slime runs its own reference and teacher passes.
 
 Importing this module does not import slime (contract tests and the launcher import it). The
 class subclasses slime's actor, so it is built on first access of ``MopdMegatronActor`` (PEP 562
@@ -28,7 +34,8 @@ module ``__getattr__``); Ray pickles it by module and name, and a worker rebuild
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = [
@@ -37,11 +44,14 @@ __all__ = [
     "group_by_teacher",
     "log_teacher_metrics",
     "make_mopd_actor_cls",
-    "select_teacher_rows",
+    "scatter_teacher_rows",
+    "subset_rollout_data",
+    "teacher_micro_batches",
     "teacher_tag",
 ]
 
 TEACHER_TAG_PREFIX = "teacher:"
+_REPLAY_STAGE = "ROUTING_REPLAY_STAGE"  # slime's routing-replay switch (an environment variable)
 T = TypeVar("T")
 
 
@@ -96,20 +106,22 @@ def group_by_teacher(
     return groups
 
 
-def select_teacher_rows(
+def scatter_teacher_rows(
     groups: Mapping[str, Sequence[int]], scored: Mapping[str, Sequence[T]], n: int
 ) -> list[T]:
-    """Row ``i`` of the result is row ``i`` of the output of the teacher that owns sample ``i``.
+    """Row ``i`` of the result is the score of sample ``i`` by the teacher that owns it.
 
-    ``scored[t]`` is teacher ``t``'s output for all ``n`` local samples, in sample order.
+    ``scored[t][j]`` is teacher ``t``'s output for its ``j``-th sample, ``groups[t][j]``.
     """
     out: list[T | None] = [None] * n
     for tid, positions in groups.items():
         rows = scored[tid]
-        if len(rows) != n:
-            raise ValueError(f"teacher {tid!r} scored {len(rows)} samples, expected {n}")
-        for i in positions:
-            out[i] = rows[i]
+        if len(rows) != len(positions):
+            raise ValueError(
+                f"teacher {tid!r} scored {len(rows)} samples, expected {len(positions)}"
+            )
+        for i, row in zip(positions, rows, strict=True):
+            out[i] = row
     missing = [i for i, row in enumerate(out) if row is None]
     if missing:
         raise ValueError(f"local samples {missing[:5]} were scored by no teacher")
@@ -117,25 +129,68 @@ def select_teacher_rows(
 
 
 def _load_teachers(actor: Any, args: Any) -> list[str]:
-    """Back each teacher up under ``teacher:<id>``; returns the ids."""
+    """Back each teacher up under ``teacher:<id>`` (the last one loaded stays active); returns
+    the ids.
+
+    slime's ``load_other_checkpoint`` takes ``args.ckpt_step`` for any tag but its literal
+    ``"ref"``/``"teacher"``, so a pinned step is set there for the one load and put back.
+    """
     from dressage.config.mopd import load_mopd_config
 
     config = load_mopd_config(getattr(args, "mopd_config", None))
     for tid, spec in sorted(config.teachers.items()):
-        if spec.ckpt_step is None:
-            actor.load_other_checkpoint(teacher_tag(tid), spec.load)
-            continue
-        # slime takes a ckpt_step only for its literal tags ("teacher" reads
-        # opd_teacher_ckpt_step), so a pinned step goes through that tag and is copied out;
-        # the "teacher" slot then holds one extra host copy.
-        saved = getattr(args, "opd_teacher_ckpt_step", None)
-        args.opd_teacher_ckpt_step = spec.ckpt_step
+        saved = getattr(args, "ckpt_step", None)
+        if spec.ckpt_step is not None:
+            args.ckpt_step = spec.ckpt_step
         try:
-            actor.load_other_checkpoint("teacher", spec.load)
+            actor.load_other_checkpoint(teacher_tag(tid), spec.load)
         finally:
-            args.opd_teacher_ckpt_step = saved
-        actor.weights_backuper.backup(teacher_tag(tid))
+            args.ckpt_step = saved
     return sorted(config.teachers)
+
+
+def teacher_micro_batches(
+    args: Any, total_lengths: Sequence[int], *, vpp_size: int = 1, vpp_group: int = 1
+) -> list[list[int]] | None:
+    """Micro-batches (local indices) for one teacher's samples, packed as slime packs a step.
+
+    ``--use-dynamic-batch-size``: slime's ``first_fit_pack`` under ``max_tokens_per_gpu x CP``;
+    otherwise consecutive chunks of ``--micro-batch-size``. With virtual pipeline stages
+    Megatron's interleaved schedule wants a multiple of ``microbatch_group_size_per_vp_stage``
+    micro-batches: the bins are split to get one (slime's ``expand_bins_by_splitting``), and
+    None says it cannot be done (too few samples), so the caller scores that teacher over the
+    batch as slime scheduled it.
+    """
+    lengths = [int(n) for n in total_lengths]
+    if getattr(args, "use_dynamic_batch_size", False):
+        from slime.utils.seqlen_balancing import first_fit_pack
+
+        cp = int(getattr(args, "context_parallel_size", 1) or 1)
+        bins: list[list[int]] = first_fit_pack(lengths, int(args.max_tokens_per_gpu) * cp)
+    else:
+        size = max(1, int(getattr(args, "micro_batch_size", 1) or 1))
+        bins = [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
+    if vpp_size > 1 and len(bins) % vpp_group:
+        from slime.utils.seqlen_balancing import expand_bins_by_splitting
+
+        target = -(-len(bins) // vpp_group) * vpp_group
+        expand_bins_by_splitting(bins, target, lengths)
+        if len(bins) != target:
+            return None
+    return bins
+
+
+def subset_rollout_data(
+    rollout_data: Mapping[str, Any], positions: Sequence[int]
+) -> dict[str, Any]:
+    """The per-sample entries of ``rollout_data`` at ``positions`` (in that order), as a rollout
+    dict of its own (keys that are not per-sample lists are left out)."""
+    n = len(rollout_data["tokens"])
+    out: dict[str, Any] = {}
+    for key, values in rollout_data.items():
+        if isinstance(values, list | tuple) and len(values) == n:
+            out[key] = [values[i] for i in positions]
+    return out
 
 
 def combine_sums(
@@ -154,30 +209,24 @@ def log_teacher_metrics(args: Any, rollout_id: int) -> dict[str, float]:
     """Per-teacher MOPD statistics of a step, exact over the data-parallel group.
 
     The advantage hook deferred them on this rank (``dressage.training.log_helpers``); every rank
-    joins one ``all_gather_object`` over its data-parallel group (a collective: all ranks call
-    this after each step), and the first rank of the group on the last pipeline stage, tensor
-    rank 0, writes ``rollout/mopd/...`` to ``<mopd_metrics_dir>/teachers.jsonl`` and to W&B when
-    a run is active in the process. Returns what it logged (empty on the other ranks).
+    joins one ``all_gather_object`` over its data-parallel group with context parallelism (a
+    collective: all ranks call this after each step; each rank of that group holds a distinct
+    share of the step's tokens), and the first rank of the group on the last pipeline stage,
+    tensor rank 0, writes ``rollout/mopd/...`` to ``<mopd_metrics_dir>/teachers.jsonl`` and to
+    W&B when a run is active in the process. Returns what it logged (empty on the other ranks).
     """
     from dressage.training.log_helpers import deferred_sums, means_of
+    from dressage.training.megatron_path import data_parallel_group, megatron_active
 
     local = deferred_sums()
     shards: list[Mapping[str, tuple[float, float]] | None] = [local]
     writer = True
-    try:
+    if megatron_active():
         import torch.distributed as dist
-        from megatron.core import mpu
-    except ImportError:  # no Megatron: a single process
-        dist = None  # type: ignore[assignment]
-    if dist is not None and dist.is_initialized():
-        group = mpu.get_data_parallel_group()
+
+        group, writer = data_parallel_group()
         shards = [None] * dist.get_world_size(group=group)
         dist.all_gather_object(shards, local, group=group)
-        writer = (
-            mpu.get_data_parallel_rank() == 0
-            and mpu.get_tensor_model_parallel_rank() == 0
-            and mpu.is_pipeline_last_stage()
-        )
     if not writer:
         return {}
     metrics = {f"rollout/{k}": v for k, v in means_of(combine_sums(shards)).items()}
@@ -200,6 +249,19 @@ def log_teacher_metrics(args: Any, rollout_id: int) -> dict[str, float]:
     return metrics
 
 
+def _then_drop_teacher_ids(user_hook: Callable[..., Any] | None) -> Callable[..., None]:
+    """slime's ``rollout_data_postprocess`` slot: the user's hook, then the ``prompt`` slot out
+    (slime's train-side rollout logging averages every key it does not know, and teacher ids
+    are strings)."""
+
+    def postprocess(args: Any, rollout_id: int, rollout_data: dict[str, Any]) -> None:
+        if user_hook is not None:
+            user_hook(args, rollout_id, rollout_data)
+        rollout_data.pop("prompt", None)
+
+    return postprocess
+
+
 @functools.cache
 def make_mopd_actor_cls() -> type:
     """The actor class (imports slime; built once per process)."""
@@ -207,25 +269,36 @@ def make_mopd_actor_cls() -> type:
 
     class MopdMegatronActor(MegatronTrainRayActor):
         _mopd_pending: dict[str, Any] | None = None
+        """The rollout whose samples the next log-prob pass scores with their teachers."""
         _mopd_teachers: tuple[str, ...] = ()
+        _mopd_load_due = False
         _mopd_scoring = False
-        _mopd_active_tag = "actor"
 
         def init(
             self, args: Any, role: str, with_ref: bool = False, with_opd_teacher: bool = False
         ) -> Any:
+            actor = role == "actor" and not getattr(args, "debug_rollout_only", False)
+            self._mopd_load_due = actor  # done by sleep() when slime's init ends asleep
             start_rollout_id = super().init(
                 args, role, with_ref=with_ref, with_opd_teacher=with_opd_teacher
             )
-            if role == "actor":
-                self._mopd_teachers = tuple(_load_teachers(self, args))
-                self._switch_model("actor")
+            if self._mopd_load_due:  # no offload: slime's init ended awake
+                self._mopd_load_teachers()
+            if actor:
+                user_hook = getattr(self, "rollout_data_postprocess", None)
+                self.rollout_data_postprocess = _then_drop_teacher_ids(user_hook)
                 args.mopd_defer_rollout_metrics = True  # see log_teacher_metrics
             return start_rollout_id
 
-        def _switch_model(self, tag: str) -> None:
-            super()._switch_model(tag)
-            self._mopd_active_tag = tag
+        def sleep(self) -> None:
+            if self._mopd_load_due:  # the last call of slime's init under --offload-train
+                self._mopd_load_teachers()
+            super().sleep()
+
+        def _mopd_load_teachers(self) -> None:
+            self._mopd_load_due = False
+            self._mopd_teachers = tuple(_load_teachers(self, self.args))
+            self._switch_model("actor")
 
         def train_actor(
             self, rollout_id: int, rollout_data: dict[str, Any], external_data: Any = None
@@ -250,8 +323,8 @@ def make_mopd_actor_cls() -> type:
             if rollout_data is not None:
                 self._score_teachers(rollout_data, data_iterator, num_microbatches)
             if store_prefix == "teacher_" and not self._mopd_scoring:
-                # slime's single-teacher OPD pass (a "teacher" tag exists once a teacher pinned
-                # a ckpt_step): it would overwrite the per-sample scores with one teacher's.
+                # slime's single-teacher OPD pass (--use-opd megatron, refused at launch): it
+                # would overwrite the per-sample scores with one teacher's.
                 return {}
             return super().compute_log_prob(
                 data_iterator, num_microbatches, store_prefix=store_prefix
@@ -266,25 +339,75 @@ def make_mopd_actor_cls() -> type:
                 rollout_ids=rollout_data.get("rollout_ids"),
                 sample_indices=rollout_data.get("sample_indices"),
             )
-            active = getattr(self, "_mopd_active_tag", "actor")
-            scored: dict[str, Any] = {}
+            active = self._active_model_tag or "actor"
+            stage = os.environ.get(_REPLAY_STAGE)
+            scored: dict[str, list[Any]] = {}
             self._mopd_scoring = True
             try:
+                if getattr(self.args, "use_routing_replay", False):
+                    os.environ[_REPLAY_STAGE] = "fallthrough"  # as slime's ref/teacher passes
                 # sorted: every model-parallel rank of this DP rank holds the same samples and
                 # must run the same passes in the same order.
                 for tid in sorted(groups):
                     self._switch_model(teacher_tag(tid))
-                    out = super().compute_log_prob(
-                        data_iterator, num_microbatches, store_prefix="teacher_"
+                    rows = self._teacher_pass(
+                        rollout_data, groups[tid], data_iterator, num_microbatches
                     )
-                    if "teacher_log_probs" in out:  # only the last pipeline stage gets values
-                        scored[tid] = out["teacher_log_probs"]
+                    if rows is not None:  # only the last pipeline stage gets values
+                        scored[tid] = rows
             finally:
                 self._mopd_scoring = False
+                if stage is None:
+                    os.environ.pop(_REPLAY_STAGE, None)
+                else:
+                    os.environ[_REPLAY_STAGE] = stage
                 self._switch_model(active)
             if scored:
-                n = len(rollout_data["prompt"])
-                rollout_data["teacher_log_probs"] = select_teacher_rows(groups, scored, n)
+                n = len(rollout_data["tokens"])
+                rollout_data["teacher_log_probs"] = scatter_teacher_rows(groups, scored, n)
+
+        def _teacher_pass(
+            self,
+            rollout_data: dict[str, Any],
+            positions: list[int],
+            data_iterator: Any,
+            num_microbatches: Any,
+        ) -> list[Any] | None:
+            """The active teacher's log-probs of the samples at ``positions``, in that order
+            (None off the last pipeline stage)."""
+            from slime.backends.megatron_utils.data import get_data_iterator
+
+            n = len(rollout_data["tokens"])
+            config = getattr(self, "train_parallel_config", {}) or {}
+            bins = None
+            sub: dict[str, Any] = {}
+            if len(positions) < n:
+                sub = subset_rollout_data(rollout_data, positions)
+                bins = teacher_micro_batches(
+                    self.args,
+                    sub["total_lengths"],
+                    vpp_size=int(config.get("vpp_size", 1) or 1),
+                    vpp_group=int(config.get("microbatch_group_size_per_vp_stage", 1) or 1),
+                )
+            if bins is None:  # every sample is this teacher's, or no compact schedule fits
+                out = super().compute_log_prob(
+                    data_iterator, num_microbatches, store_prefix="teacher_"
+                )
+                values = out.get("teacher_log_probs")
+                return None if values is None else [values[i] for i in positions]
+            sub["micro_batch_indices"] = bins
+            out = super().compute_log_prob(
+                get_data_iterator(sub), [len(bins)], store_prefix="teacher_"
+            )
+            values = out.get("teacher_log_probs")
+            if values is None:
+                return None
+            if getattr(self.args, "use_dynamic_batch_size", False):
+                return list(values)  # slime's forward_only puts them back in sample order
+            ordered: list[Any] = [None] * len(positions)
+            for value, i in zip(values, (i for b in bins for i in b), strict=True):
+                ordered[i] = value
+            return ordered
 
     MopdMegatronActor.__module__ = __name__
     MopdMegatronActor.__qualname__ = "MopdMegatronActor"

@@ -32,6 +32,7 @@ from torch import Tensor
 from dressage.training.log_helpers import deferred_store, mopd_teacher_metrics
 from dressage.training.log_probs import log_prob_function
 from dressage.training.losses import approx_kl
+from dressage.training.megatron_path import cp_local, cp_rank, cp_world_size
 from dressage.training.reducer import Reducer
 
 __all__ = [
@@ -131,22 +132,30 @@ def compute_mopd_advantages(args: Namespace, rollout_data: MutableMapping[str, A
     if teacher_ids is None or rollout_data.get("loss_masks") is None:
         return
     n = len(student)
-    masks = _per_sample(rollout_data, "loss_masks", n)
+    whole = _per_sample(rollout_data, "loss_masks", n)
+    trainable = [float(m.sum()) for m in whole]
     denoms = rollout_data.get("rollout_mask_sums")
     if denoms is None:
-        denoms = [float(m.sum()) for m in masks]
+        denoms = trainable
+    masks, raw_rewards = whole, _local_raw_rewards(rollout_data, n)
+    if cp_world_size() > 1:
+        # log-probs are this rank's CP slice and slime keeps masks whole: cut the masks to match
+        # (KL sums then add up over the CP group); rewards are counted by one CP rank only.
+        masks = cp_local(whole, rollout_data["total_lengths"], rollout_data["response_lengths"])
+        raw_rewards = raw_rewards if cp_rank() == 0 else None
     rollout_ids = rollout_data.get("rollout_ids") or list(range(n))
     defer = bool(getattr(args, "mopd_defer_rollout_metrics", False))
     metrics = mopd_teacher_metrics(
         teacher_ids=[str(t) for t in teacher_ids],
         rollout_ids=[int(r) for r in rollout_ids],
         loss_masks=masks,
+        trainable_tokens=trainable,
         sample_denoms=torch.as_tensor(denoms, dtype=torch.float32).cpu(),
         reverse_kl=[
             (s.float() - t.float().to(s.device)).detach()
             for s, t in zip(student, teacher, strict=True)
         ],
-        raw_rewards=_local_raw_rewards(rollout_data, n),
+        raw_rewards=raw_rewards,
         sums_out=deferred_store() if defer else None,
     )
     if defer:  # the slime actor combines and logs them after the step (log_helpers)

@@ -1,0 +1,155 @@
+"""The MOPD actor run by slime's own ``MegatronTrainRayActor`` control flow.
+
+Each case starts ``tests/slime/actor_rig.py`` in a process of its own: slime's real ``init``,
+``sleep``/``wake_up``, ``train`` and ``train_actor``, its ``forward_only`` over a tiny real
+model, its advantage computation and its train-side rollout logging, with stand-ins only for
+Megatron-LM compute, checkpoints and the GPU-only packages (see the rig's docstring). The batch
+is real slime Samples through the project's expansion and converter and slime's DP split.
+
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_mopd_actor.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO, slime_root
+
+pytestmark = pytest.mark.integration
+
+
+def run_rig(tmp_path: Path, **args: Any) -> dict[str, Any]:
+    out = tmp_path / "report.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(slime_root()), str(REPO)])
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.slime.actor_rig", json.dumps({"args": args}), str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def _teacher_passes(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in report["forward_passes"] if p["prefix"] == "teacher_"]
+
+
+def _check_scores_and_logging(report: dict[str, Any]) -> None:
+    got, want = report["teacher_log_probs"], report["expected_teacher_log_probs"]
+    assert [len(x) for x in got] == [len(x) for x in want]
+    for g, w in zip(got, want, strict=True):
+        assert g == pytest.approx(w, rel=1e-5, abs=1e-6)  # each sample by its own teacher
+    # what slime's train-side logging was fed: no string slot left, and it logged the step
+    assert "prompt" not in report["left_in_rollout_data"]
+    rollout = next(m for m in report["logged"] if "rollout/teacher_log_probs" in m)
+    assert "rollout/advantages" in rollout
+    (line,) = report["teachers_jsonl"]
+    assert set(line["metrics"]) >= {
+        "rollout/mopd/opd_reverse_kl_train_aggregation_mean/calc",
+        "rollout/mopd/opd_reverse_kl_train_aggregation_mean/look",
+    }
+    assert report["trained"] and report["trained"][0]["advantages"]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_rig(tmp_path_factory.mktemp("plain"))
+
+
+@pytest.fixture(scope="module")
+def colocated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # --colocate makes slime force --offload-train: init ends with the actor asleep
+    return run_rig(tmp_path_factory.mktemp("colocate"), colocate=True, offload_train=True)
+
+
+def test_teachers_are_loaded_under_their_tags_with_their_steps(plain: dict[str, Any]) -> None:
+    init = plain["init"]
+    assert init["tags"] == ["actor", "teacher:calc", "teacher:look"]  # no stray "teacher" tag
+    assert init["teacher_tags_hold"] == {"calc": True, "look": True}
+    assert [(x["load"], x["ckpt_step"]) for x in init["loads"]] == [
+        ("/ckpt/calc", None),
+        ("/ckpt/look", 7),  # the pinned step reached the load
+    ]
+    assert init["ckpt_step_after"] is None  # and was put back
+    assert init["active"] == "actor" and init["live_is_actor"]
+    assert not init["asleep"]
+
+
+def test_under_colocate_teachers_load_awake_and_init_ends_asleep(
+    colocated: dict[str, Any],
+) -> None:
+    init = colocated["init"]
+    assert init["loads"] and not any(x["asleep"] for x in init["loads"])
+    assert init["asleep"], "slime's init must still end with the actor asleep"
+    assert init["teacher_tags_hold"] == {"calc": True, "look": True}
+    assert init["active"] == "actor" and init["live_is_actor"]
+    events = colocated["events"]
+    assert events[events.index("train") :][:2] == ["train", "resume"]  # woken to train
+    assert colocated["after_train"] == {"asleep": True, "active": "actor"}
+    _check_scores_and_logging(colocated)
+
+
+def test_each_teacher_scores_only_its_samples_in_micro_batches_of_its_own(
+    plain: dict[str, Any],
+) -> None:
+    _check_scores_and_logging(plain)
+    teacher_of = plain["teacher_of_sample"]
+    passes = _teacher_passes(plain)
+    assert [p["tag"] for p in passes] == ["teacher:calc", "teacher:look"]
+    scored = []
+    for p in passes:
+        tid = p["tag"].removeprefix("teacher:")
+        samples = [s for mb in p["micro_batches"] for s in mb]
+        assert {teacher_of[str(s)] for s in samples} == {tid}
+        scored += samples
+    assert sorted(scored) == sorted(int(k) for k in teacher_of)  # K teachers, one batch of work
+    actor = [p for p in plain["forward_passes"] if p["prefix"] == ""]
+    assert len(actor) == 1 and actor[0]["tag"] == "actor"
+
+
+def test_dynamic_batches_are_packed_per_teacher_and_scores_land_in_order(
+    tmp_path: Path,
+) -> None:
+    report = run_rig(tmp_path, use_dynamic_batch_size=True, max_tokens_per_gpu=20)
+    _check_scores_and_logging(report)
+    look = next(p for p in _teacher_passes(report) if p["tag"] == "teacher:look")
+    assert len(look["micro_batches"]) < 3  # first-fit packed, not one sample each
+
+
+def test_users_postprocess_hook_runs_and_sees_the_teacher_ids(tmp_path: Path) -> None:
+    report = run_rig(
+        tmp_path,
+        rollout_data_postprocess_path="tests.slime.actor_rig.user_postprocess",
+        use_routing_replay=True,
+    )
+    _check_scores_and_logging(report)
+    (saw,) = report["user_postprocess_saw"]
+    assert "prompt" in saw and "advantages" in saw
+    stages = {p["prefix"]: p["replay_stage"] for p in report["forward_passes"]}
+    assert stages == {"teacher_": "fallthrough", "": "record"}  # as slime's ref/teacher passes
+
+
+def test_the_actor_class_pickles_by_reference() -> None:
+    import pickle
+
+    from dressage.training import mopd_actor
+
+    cls = mopd_actor.make_mopd_actor_cls()
+    from slime.backends.megatron_utils.actor import MegatronTrainRayActor
+
+    assert issubclass(cls, MegatronTrainRayActor)
+    assert cls.__module__ == "dressage.training.mopd_actor"
+    assert mopd_actor.MopdMegatronActor is cls
+    assert pickle.loads(pickle.dumps(cls)) is cls
