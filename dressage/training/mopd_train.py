@@ -8,8 +8,22 @@ Flags the MOPD objective needs are added when absent (``--loss-type custom_loss`
 advantage/loss/converter/data-source hooks, ``--disable-rewards-normalization``); then the parsed
 options, the MOPD config and every checkpoint are validated before any Ray actor exists, and the
 advantage estimator is labelled ``mopd`` (the custom advantage hook bypasses slime's estimator
-dispatch, reference/slime.md §2). Driver metrics (phase timings per rollout) go to
+dispatch, docs/slime.md §2). Driver metrics (phase timings per rollout) go to
 ``<--mopd-metrics-dir>/driver.jsonl``; slime keeps W&B (``--use-wandb``).
+
+The loop (:func:`train`) makes slime's ``train.py`` calls, in its order and with its arguments
+(``tests/slime/test_drivers.py`` runs both against the same fakes): periodic saves and evals on
+slime's ``should_run_periodic_action`` steps, epoch boundaries included, the last save and every
+``--release-train`` save synchronous, the data source saved only with a global dataset, and
+``--release-train`` honoured as slime does (the actor group, MOPD class kept, is recreated
+before each step and released by its weight update; each new actor loads the teachers again in
+its ``init``). Where it differs from ``train.py``, and why:
+
+- ``create_training_models`` gets ``actor_cls=MopdMegatronActor`` (the teachers' scoring);
+- ``--use-critic`` is refused before any call (MOPD has no value function: its advantage is the
+  clipped teacher log-ratio), so slime's critic branches, ``external_data`` and the critic's
+  ``clear_memory`` never apply;
+- the phase timings of each step are written to ``driver.jsonl`` (no slime call).
 """
 
 from __future__ import annotations
@@ -17,7 +31,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +40,10 @@ from dressage.config.env import env_str
 from dressage.config.mopd import (
     MOPD_HOOKS,
     MopdConfigError,
-    Problem,
     load_mopd_config,
     validate_mopd_run,
 )
+from dressage.rollout.slime_args import add_dressage_arguments
 
 __all__ = ["MOPD_FLAG_DEFAULTS", "add_mopd_arguments", "main", "preflight", "with_mopd_defaults"]
 
@@ -87,6 +102,7 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=None,
         help="folder of the JSONL metrics logs (default: <--save>/metrics)",
     )
+    add_dressage_arguments(group)
     return parser
 
 
@@ -115,90 +131,112 @@ def preflight(args: Any) -> None:
         ref_load=getattr(args, "ref_load", None),
         ckpt_step=getattr(args, "ref_ckpt_step", None),
     )
-    if getattr(args, "release_train", False):
-        report.problems.append(
-            Problem("option --release-train", "not supported by the MOPD driver")
-        )
     report.raise_if_failed("MOPD run")
 
 
-def _periodic(rollout_id: int, interval: int | None, num_rollout: int | None = None) -> bool:
-    if not interval:
-        return False
-    last = num_rollout is not None and rollout_id + 1 == num_rollout
-    return (rollout_id + 1) % interval == 0 or last
+@dataclass(frozen=True)
+class _Run:
+    """What every phase of the loop reads besides the two Ray handles."""
+
+    args: Any
+    ray: Any
+    num_rollout_per_epoch: int | None
+    periodic: Callable[..., bool]
+    """slime's ``should_run_periodic_action``."""
+
+    @property
+    def release_train(self) -> bool:
+        return bool(self.args.release_train)
+
+
+def _update_weights(run: _Run, rollout_manager: Any, actor_model: Any, *, initial: bool) -> None:
+    """slime's weight push: weights onloaded (an offloaded rollout not released), update, the
+    optional first-push check, then the KV cache back."""
+    args, ray = run.args, run.ray
+    if args.offload_rollout and not run.release_train:
+        ray.get(rollout_manager.onload_weights.remote())
+    actor_model.update_weights()
+    if initial and args.check_weight_update_equal:
+        ray.get(rollout_manager.check_weights.remote(action="compare"))
+    if args.offload_rollout:
+        ray.get(rollout_manager.onload_kv.remote())
+
+
+def _save(run: _Run, rollout_manager: Any, actor_model: Any, rollout_id: int) -> None:
+    args = run.args
+    force_sync = run.release_train or rollout_id == args.num_rollout - 1
+    actor_model.save_model(rollout_id, force_sync=force_sync)
+    if args.rollout_global_dataset:  # the data source's position, to resume from
+        run.ray.get(rollout_manager.save.remote(rollout_id))
+
+
+def _step(run: _Run, rollout_manager: Any, actor_model: Any, rollout_id: int) -> dict[str, float]:
+    """One rollout of slime's loop; returns its phase timings."""
+    args, ray = run.args, run.ray
+    if args.eval_interval is not None and rollout_id == 0 and not args.skip_eval_before_train:
+        ray.get(rollout_manager.eval.remote(rollout_id))
+    started = time.monotonic()
+    rollout_data_ref = ray.get(rollout_manager.generate.remote(rollout_id))
+    generated = time.monotonic()
+    if args.offload_rollout:
+        ray.get(rollout_manager.offload.remote())
+    if run.release_train:
+        actor_model.create()
+    ray.get(actor_model.async_train(rollout_id, rollout_data_ref))
+    trained = time.monotonic()
+    interval, per_epoch = args.save_interval, run.num_rollout_per_epoch
+    if run.release_train or run.periodic(rollout_id, interval, per_epoch, args.num_rollout):
+        _save(run, rollout_manager, actor_model, rollout_id)
+    if not args.offload_train:  # slime's offload_train(actor_trains) with no critic
+        actor_model.clear_memory()
+    _update_weights(run, rollout_manager, actor_model, initial=False)
+    updated = time.monotonic()
+    if run.periodic(rollout_id, args.eval_interval, per_epoch):
+        ray.get(rollout_manager.eval.remote(rollout_id))
+    return {
+        "time/generate_s": generated - started,
+        "time/train_s": trained - generated,
+        "time/update_weights_s": updated - trained,
+        "time/step_s": time.monotonic() - started,
+    }
 
 
 def train(args: Any) -> None:
-    """slime ``train.py``'s loop (reference/slime.md §6.1) with ``actor_cls`` set."""
+    """slime ``train.py``'s loop (docs/slime.md §6.1) with ``actor_cls`` set; see the module
+    docstring for where it differs."""
+    if args.use_critic:  # before any actor exists (the preflight refuses ppo too)
+        raise ValueError("--use-critic: MOPD trains no critic (its advantage is the teacher's)")
     import ray
+    from slime.observability import logging_utils
     from slime.observability.logging_utils import finish_tracking, init_tracking
     from slime.ray.placement_group import (
         create_placement_groups,
         create_rollout_manager,
         create_training_models,
     )
+    from slime.utils import misc
 
     from dressage.training.metrics import MetricsSink
     from dressage.training.mopd_actor import make_mopd_actor_cls
 
+    logging_utils.configure_logger()
     pgs = create_placement_groups(args)
     init_tracking(args)
-    rollout_manager, _ = create_rollout_manager(args, pgs["rollout"])
+    rollout_manager, num_rollout_per_epoch = create_rollout_manager(args, pgs["rollout"])
     actor_model, critic_model = create_training_models(
         args, pgs, rollout_manager, actor_cls=make_mopd_actor_cls()
     )
-    if critic_model is not None:  # preflight refuses ppo; a critic here means slime changed
+    if critic_model is not None:  # refused above; a critic here means slime changed
         raise RuntimeError("MOPD trains no critic, but slime created one")
+    run = _Run(args, ray, num_rollout_per_epoch, misc.should_run_periodic_action)
 
-    if args.offload_rollout:
-        ray.get(rollout_manager.onload_weights.remote())
-    actor_model.update_weights()
-    if getattr(args, "check_weight_update_equal", False):
-        ray.get(rollout_manager.check_weights.remote(action="compare"))
-    if args.offload_rollout:
-        ray.get(rollout_manager.onload_kv.remote())
-    if args.num_rollout == 0 and args.eval_interval is not None:
-        ray.get(rollout_manager.eval.remote(0))
-
+    _update_weights(run, rollout_manager, actor_model, initial=True)
+    if args.num_rollout == 0 and args.eval_interval is not None:  # slime's eval-only run
+        ray.get(rollout_manager.eval.remote(rollout_id=0))
     sink = MetricsSink(Path(args.mopd_metrics_dir) / "driver.jsonl")
     try:
-        for rollout_id in range(getattr(args, "start_rollout_id", 0) or 0, args.num_rollout):
-            if (
-                rollout_id == 0
-                and args.eval_interval is not None
-                and not getattr(args, "skip_eval_before_train", False)
-            ):
-                ray.get(rollout_manager.eval.remote(rollout_id))
-            started = time.monotonic()
-            rollout_data_ref = ray.get(rollout_manager.generate.remote(rollout_id))
-            generated = time.monotonic()
-            if args.offload_rollout:
-                ray.get(rollout_manager.offload.remote())
-            ray.get(actor_model.async_train(rollout_id, rollout_data_ref))
-            trained = time.monotonic()
-            if _periodic(rollout_id, args.save_interval, args.num_rollout):
-                actor_model.save_model(rollout_id, force_sync=rollout_id + 1 == args.num_rollout)
-                ray.get(rollout_manager.save.remote(rollout_id))
-            if not getattr(args, "offload_train", False):
-                actor_model.clear_memory()
-            if args.offload_rollout:
-                ray.get(rollout_manager.onload_weights.remote())
-            actor_model.update_weights()
-            if args.offload_rollout:
-                ray.get(rollout_manager.onload_kv.remote())
-            updated = time.monotonic()
-            if _periodic(rollout_id, args.eval_interval):
-                ray.get(rollout_manager.eval.remote(rollout_id))
-            sink.log(
-                rollout_id,
-                {
-                    "time/generate_s": generated - started,
-                    "time/train_s": trained - generated,
-                    "time/update_weights_s": updated - trained,
-                    "time/step_s": time.monotonic() - started,
-                },
-            )
+        for rollout_id in range(args.start_rollout_id, args.num_rollout):
+            sink.log(rollout_id, _step(run, rollout_manager, actor_model, rollout_id))
     finally:
         sink.close()
     ray.get(rollout_manager.dispose.remote())

@@ -6,13 +6,17 @@
       --custom-generate-function-path dressage.rollout.generate.blackbox_dispatch.generate \\
       --dressage-proxy-url http://PROXY:8000 <Megatron model flags> <slime flags>
 
-The loop (:func:`train_async`) is slime's one-step off-policy pipeline (reference/slime.md §6.2)
+The loop (:func:`train_async`) is slime's one-step off-policy pipeline (docs/slime.md §6.2)
 written once over a small :class:`AsyncTrainBackend`: rollout ``N + 1`` is generated while
-``N`` trains; every ``--update-weights-interval`` rollouts the driver waits for the rollout in
-flight, then updates the weights. Both ``update_weights`` calls (the initial push and the one
-in the loop) go through :func:`~dressage.training.rollout_pause.update_weights_with_pause`, so
-agents still running in the background (the partial-async rollout's worker) are stopped at a
-token boundary by the proxy and continue with the new weights after the update, as
+``N`` trains; every ``--update-weights-interval`` rollouts (every rollout under
+``--release-train``) the driver waits for the rollout in flight, then updates the weights. Saves
+and evals fall on slime's ``should_run_periodic_action`` steps, epoch boundaries included (a
+local copy of its semantics where slime is not installed, for the embedded backend); the last
+save and every save under ``--release-train`` are synchronous (``force_sync``). Both
+``update_weights`` calls (the initial push and the one in the loop) go through
+:func:`~dressage.training.rollout_pause.update_weights_with_pause`, so agents still running in
+the background (the partial-async rollout's worker) are stopped at a token boundary by the proxy
+and continue with the new weights after the update, as
 ``DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE``, ``DRESSAGE_PROXY_PAUSE_REQUIRED`` and
 ``DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC`` say.
 
@@ -20,6 +24,20 @@ Two backends run the same loop: :class:`SlimeBackend` (below: Ray actors from sl
 ``create_*`` functions, slime imported lazily) and the embedded one
 (``dressage.training.embedded.async_backend``: the PyTorch trainer, the embedded engine and a
 rollout thread), which ``python -m dressage.jobs.train`` uses on one machine.
+
+Over :class:`SlimeBackend` the driver makes slime's ``train_async.py`` calls, in its order and
+with its arguments (``tests/slime/test_drivers.py`` runs both against the same fakes), except:
+
+- the proxy pause and resume around every ``actor_model.update_weights()`` (the point of the
+  driver; they are the proxy's HTTP API, not slime calls);
+- ``--colocate`` is refused with a ValueError naming it where slime has a bare ``assert``
+  (same refusal, before any call; it also holds under ``python -O``);
+- slime gets the last rollout's ref a second time before the last update (its next-rollout
+  future still holds the consumed ref); the driver does not wait twice for one rollout.
+
+``--release-train`` is slime's: the actors are recreated before each step, every step saves
+(synchronously) and updates the weights, whose update releases them again. A backend that
+cannot release its trainer (the embedded one) refuses the flag before anything runs.
 """
 
 from __future__ import annotations
@@ -28,9 +46,11 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
 
+from dressage.config.mopd import unsupported_slime_options
+from dressage.rollout.slime_args import add_dressage_arguments
 from dressage.training.rollout_pause import RolloutPause, update_weights_with_pause
 
 __all__ = [
@@ -38,14 +58,26 @@ __all__ = [
     "SlimeBackend",
     "add_rollout_pause_arguments",
     "main",
+    "periodic_action",
     "train_async",
 ]
 
 log = logging.getLogger(__name__)
 
+PeriodicAction = Callable[[int, int | None, int | None, int | None], bool]
+"""``(rollout_id, interval, num_rollout_per_epoch, num_rollout) -> run now?``"""
+
 
 class AsyncTrainBackend(Protocol):
     """What the loop needs from a trainer port (slime's driver calls, one each)."""
+
+    releases_train: ClassVar[bool]
+    """Whether ``update_weights`` can release the trainer and :meth:`create` bring it back
+    (slime's ``--release-train``)."""
+
+    num_rollout_per_epoch: int | None
+    """Rollouts per pass over the data (slime's ``create_rollout_manager``), or None: saves and
+    evals then fall on their intervals only."""
 
     def generate(self, rollout_id: int) -> Any:
         """Start generating rollout ``rollout_id``; returns a handle (slime: an ObjectRef)."""
@@ -55,9 +87,15 @@ class AsyncTrainBackend(Protocol):
         """The rollout data of a handle (slime: ``ray.get``)."""
         ...
 
+    def create(self) -> None:
+        """Recreate the trainer a weight update released (``--release-train`` only)."""
+        ...
+
     def train(self, rollout_id: int, rollout_data: Any) -> None: ...
 
-    def save(self, rollout_id: int) -> None: ...
+    def save(self, rollout_id: int, *, force_sync: bool) -> None:
+        """Checkpoint after ``rollout_id``; ``force_sync``: finished before returning."""
+        ...
 
     def update_weights(self) -> int | None:
         """Push the trainer's weights to the engines; the new weight version if known."""
@@ -68,22 +106,59 @@ class AsyncTrainBackend(Protocol):
     def dispose(self) -> None: ...
 
 
-def _periodic(rollout_id: int, interval: int | None, num_rollout: int | None = None) -> bool:
-    if not interval:
+def _should_run_periodic_action(
+    rollout_id: int,
+    interval: int | None,
+    num_rollout_per_epoch: int | None = None,
+    num_rollout: int | None = None,
+) -> bool:
+    """slime's ``should_run_periodic_action`` semantics, for when slime is not importable (the
+    embedded backend): never without an interval; always on the last rollout when
+    ``num_rollout`` is given; otherwise after every ``interval``-th rollout and at each epoch
+    end. An interval of 0 raises ZeroDivisionError, as slime's does."""
+    if interval is None:
         return False
-    last = num_rollout is not None and rollout_id + 1 == num_rollout
-    return (rollout_id + 1) % interval == 0 or last
+    done = rollout_id + 1
+    if num_rollout is not None and done == num_rollout:
+        return True
+    epoch_end = num_rollout_per_epoch is not None and done % num_rollout_per_epoch == 0
+    return done % interval == 0 or epoch_end
+
+
+def periodic_action() -> PeriodicAction:
+    """slime's ``should_run_periodic_action`` (``slime.utils.misc``), or the local copy of its
+    semantics when slime is not installed."""
+    try:
+        from slime.utils import misc
+    except ImportError:
+        return _should_run_periodic_action
+    should_run: PeriodicAction = misc.should_run_periodic_action
+    return should_run
+
+
+def _refuse_release_train(args: Any, backend: AsyncTrainBackend) -> bool:
+    """``--release-train``, refused before anything runs on a backend that cannot release."""
+    release_train = bool(getattr(args, "release_train", False))
+    if release_train and not backend.releases_train:
+        raise ValueError(
+            f"--release-train: {type(backend).__name__} cannot release its trainer between "
+            "steps; drop the flag or train on the slime backend"
+        )
+    return release_train
 
 
 def train_async(args: Any, backend: AsyncTrainBackend, pause: RolloutPause) -> None:
     """slime ``train_async.py``'s loop over ``backend`` (see the module docstring)."""
+    release_train = _refuse_release_train(args, backend)
+    periodic = periodic_action()
     start = int(getattr(args, "start_rollout_id", 0) or 0)
     num_rollout = int(args.num_rollout)
     interval = int(getattr(args, "update_weights_interval", 1) or 1)
+    per_epoch = backend.num_rollout_per_epoch
 
     update_weights_with_pause(pause, backend.update_weights, reason="initial weights")
 
-    next_rollout = backend.generate(start) if start < num_rollout else None
+    next_rollout = backend.generate(start)  # as slime, even when no step is left to run
     rollout_data: Any = None
     for rollout_id in range(start, num_rollout):
         if next_rollout is not None:
@@ -91,28 +166,39 @@ def train_async(args: Any, backend: AsyncTrainBackend, pause: RolloutPause) -> N
         # Start the next rollout before training on this one: they overlap.
         next_rollout = backend.generate(rollout_id + 1) if rollout_id + 1 < num_rollout else None
 
+        if release_train:
+            backend.create()
         backend.train(rollout_id, rollout_data)
 
-        if _periodic(rollout_id, getattr(args, "save_interval", None), num_rollout):
-            backend.save(rollout_id)
+        save_interval = getattr(args, "save_interval", None)
+        if release_train or periodic(rollout_id, save_interval, per_epoch, num_rollout):
+            backend.save(rollout_id, force_sync=release_train or rollout_id == num_rollout - 1)
 
-        if (rollout_id + 1) % interval == 0:
+        if release_train or (rollout_id + 1) % interval == 0:
             # Never update while the visible rollout call runs: take its result first (the
             # background agents keep going; the proxy pause catches them).
             rollout_data = backend.wait(next_rollout) if next_rollout is not None else None
             next_rollout = None
             update_weights_with_pause(pause, backend.update_weights, reason=f"rollout {rollout_id}")
 
-        if _periodic(rollout_id, getattr(args, "eval_interval", None)):
+        if periodic(rollout_id, getattr(args, "eval_interval", None), per_epoch, None):
             backend.evaluate(rollout_id)
     backend.dispose()
 
 
+def _actor_trains(args: Any, rollout_id: int) -> bool:
+    """slime's ``actor_trains``: with a critic, the actor waits ``--num-critic-only-steps``."""
+    return not args.use_critic or rollout_id >= args.num_critic_only_steps
+
+
 class SlimeBackend:
-    """The cluster port: slime's Ray actors, built as ``train_async.py`` builds them."""
+    """The cluster port: slime's Ray actors, built and called as ``train_async.py`` does."""
+
+    releases_train: ClassVar[bool] = True
 
     def __init__(self, args: Any) -> None:
         import ray
+        from slime.observability import logging_utils
         from slime.observability.logging_utils import init_tracking
         from slime.ray.placement_group import (
             create_placement_groups,
@@ -122,12 +208,15 @@ class SlimeBackend:
 
         if getattr(args, "colocate", False):
             raise ValueError("async training cannot run with --colocate (as slime's train_async)")
+        logging_utils.configure_logger()
         self.args = args
         self._ray = ray
         self._checked = False
         pgs = create_placement_groups(args)
         init_tracking(args)
-        self.rollout_manager, _ = create_rollout_manager(args, pgs["rollout"])
+        self.rollout_manager, self.num_rollout_per_epoch = create_rollout_manager(
+            args, pgs["rollout"]
+        )
         self.actor_model, self.critic_model = create_training_models(
             args, pgs, self.rollout_manager
         )
@@ -138,21 +227,30 @@ class SlimeBackend:
     def wait(self, handle: Any) -> Any:
         return self._ray.get(handle)
 
+    def create(self) -> None:
+        self.actor_model.create()
+
     def train(self, rollout_id: int, rollout_data: Any) -> None:
         actor_model, critic_model = self.actor_model, self.critic_model
-        if critic_model is None:
+        if not self.args.use_critic:
             self._ray.get(actor_model.async_train(rollout_id, rollout_data))
             return
-        critic = critic_model.async_train(rollout_id, rollout_data)
-        if rollout_id >= int(getattr(self.args, "num_critic_only_steps", 0) or 0):
-            self._ray.get(actor_model.async_train(rollout_id, rollout_data))
-        self._ray.get(critic)
+        # the critic's values feed the actor's advantages (slime's external_data)
+        value_refs = critic_model.async_train(rollout_id, rollout_data)
+        if _actor_trains(self.args, rollout_id):
+            self._ray.get(
+                actor_model.async_train(rollout_id, rollout_data, external_data=value_refs)
+            )
+        else:
+            self._ray.get(value_refs)
 
-    def save(self, rollout_id: int) -> None:
-        self.actor_model.save_model(rollout_id)
-        if self.critic_model is not None:
-            self.critic_model.save_model(rollout_id)
-        self._ray.get(self.rollout_manager.save.remote(rollout_id))
+    def save(self, rollout_id: int, *, force_sync: bool) -> None:
+        if _actor_trains(self.args, rollout_id):  # an actor that did not train is unchanged
+            self.actor_model.save_model(rollout_id, force_sync=force_sync)
+        if self.args.use_critic:
+            self.critic_model.save_model(rollout_id, force_sync=force_sync)
+        if self.args.rollout_global_dataset:  # the data source's position, to resume from
+            self._ray.get(self.rollout_manager.save.remote(rollout_id))
 
     def update_weights(self) -> int | None:
         self.actor_model.update_weights()
@@ -180,16 +278,21 @@ def add_rollout_pause_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--dressage-max-staleness", type=int, help="bound on a group's age in weight versions")
     add("--dressage-stale-policy", choices=["drop", "mask"], default="drop")
     add("--dressage-async-groups-in-flight", type=int, help="default: 2 x rollout batch size")
+    add_dressage_arguments(group)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from slime.utils.arguments import parse_args
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # no logging setup here: SlimeBackend calls slime's configure_logger, as train_async.py does
     if argv is not None:  # Megatron's parser reads sys.argv itself
         sys.argv = [sys.argv[0], *argv]
     args = parse_args(add_custom_arguments=add_rollout_pause_arguments)
+    problems = unsupported_slime_options(args)
+    if problems:  # before any Ray actor exists
+        print("\n".join(f"refused: {p}" for p in problems), file=sys.stderr)
+        return 2
     pause = RolloutPause.from_env(proxy_url=args.dressage_proxy_url, mode=args.dressage_pause_mode)
     started = time.monotonic()
     train_async(args, SlimeBackend(args), pause)

@@ -13,6 +13,11 @@ processes or threads). ``update_weights`` writes the trainer's weights and has t
 them with ``/update_weights_from_disk`` under the next integer version (the driver pauses the
 proxy around it). ``timeline`` records when each rollout was generated and trained, and each
 update, so the overlap can be seen (and is tested).
+
+The trainer lives in this process for the whole run, so ``releases_train`` is False: the loop
+refuses slime's ``--release-train`` before anything runs. ``save`` writes synchronously, so its
+``force_sync`` changes nothing. ``num_rollout_per_epoch`` (None: no epoch boundaries) places
+saves and evals at epoch ends as slime's rollout manager would.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -60,6 +65,7 @@ class TimelineEvent:
 class EmbeddedAsyncBackend:
     """See the module docstring. ``on_trained(batch, train_metrics)`` runs after each step."""
 
+    releases_train: ClassVar[bool] = False
     trainer: Any
     rollout_manager: Any
     engine_url: str
@@ -69,6 +75,8 @@ class EmbeddedAsyncBackend:
     on_trained: Callable[[RolloutBatch, dict[str, float]], None] | None = None
     version: int = -1
     """The engine's weight version (read from ``/model_info`` when -1)."""
+    num_rollout_per_epoch: int | None = None
+    """Rollouts per pass over the data source, for epoch-end saves and evals (None: none)."""
     timeline: list[TimelineEvent] = field(default_factory=list)
     _pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="dressage-rollout")
@@ -94,6 +102,10 @@ class EmbeddedAsyncBackend:
     def wait(self, handle: Future[RolloutBatch]) -> RolloutBatch:
         return handle.result()
 
+    def create(self) -> None:
+        # the loop asks only when releases_train is True: reaching here is a loop bug
+        raise RuntimeError("--release-train: the embedded trainer is never released")
+
     def train(self, rollout_id: int, rollout_data: RolloutBatch) -> None:
         started = time.monotonic()
         metrics = self.trainer.train(rollout_id, rollout_data.train_data)
@@ -101,7 +113,7 @@ class EmbeddedAsyncBackend:
         if self.on_trained is not None:
             self.on_trained(rollout_data, metrics)
 
-    def save(self, rollout_id: int) -> None:
+    def save(self, rollout_id: int, *, force_sync: bool = False) -> None:
         if self.checkpoint_dir is not None:
             self.trainer.save_weights(self.checkpoint_dir / f"rollout-{rollout_id:05d}")
 
