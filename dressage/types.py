@@ -3,7 +3,7 @@
 When slime is importable (its image, a cluster) these are slime's own classes, so samples cross
 into slime's RolloutManager unchanged. Elsewhere they are local classes that match slime's
 ``slime/utils/types.py`` and ``slime/rollout/base_types.py`` field for field (names, types,
-defaults, ``Status`` values) and behave as described in shared reference/slime.md §1;
+defaults, ``Status`` values) and behave as described in docs/slime.md §1;
 ``tests/test_types.py`` holds the field list against that reference.
 """
 
@@ -74,7 +74,7 @@ _FINISH_TO_STATUS = {"length": "truncated", "abort": "aborted", "stop": "complet
 
 @dataclass
 class _LocalSample:
-    """One rollout sample; field-for-field slime's ``Sample`` (reference/slime.md §1.1)."""
+    """One rollout sample; field-for-field slime's ``Sample`` (docs/slime.md §1.1)."""
 
     class Status(Enum):
         PENDING = "pending"
@@ -178,7 +178,7 @@ class _LocalSample:
         text: str | None = None,
         update_terminal_info: bool = True,
     ) -> None:
-        """Append response tokens with aligned mask and log-probs (reference/slime.md §1.3)."""
+        """Append response tokens with aligned mask and log-probs (docs/slime.md §1.3)."""
         tokens = list(tokens or [])
         n = len(tokens)
         if trainable and n and log_probs is None:
@@ -234,9 +234,14 @@ class _LocalSample:
         if finish and update_terminal_info:
             self.spec_info.add(meta_info)
             self.prefix_cache_info.add(meta_info)
-            if "weight_version" in meta_info:
-                self.weight_versions.append(str(meta_info["weight_version"]))
-            kind = finish.get("type") if isinstance(finish, dict) else finish
+            if "weight_version" in meta_info:  # as given: slime keeps the engine's value
+                self.weight_versions.append(meta_info["weight_version"])
+            if not isinstance(finish, dict):
+                raise TypeError(
+                    f"sample index={self.index}: meta_info finish_reason must be SGLang's "
+                    f"{{'type': ...}} object, got {finish!r}"
+                )
+            kind = finish.get("type")
             if kind in _FINISH_TO_STATUS:
                 self.status = _LocalSample.Status(_FINISH_TO_STATUS[kind])
 

@@ -1,12 +1,18 @@
-"""Small helpers shared by tests (paths, free ports)."""
+"""Small helpers shared by tests (paths, free ports, the slime checkout)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+
+
+def slime_root() -> Path | None:
+    """``$SLIME_ROOT`` resolved (a slime checkout for the real-slime tier), or None."""
+    value = os.environ.get("SLIME_ROOT", "").strip()
+    return Path(value).resolve() if value else None
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 """The SGLang ``/generate`` wire format: request parsing, validation and response shaping.
 
-Three kinds of rejection, each with SGLang's error shape (reference/sglang.md section 7):
+Three kinds of rejection, each with SGLang's error shape (docs/sglang.md section 7):
 
 - :class:`BodyError`: the body is not JSON or fails the top-level schema,
   ``{"object": "error", "message", "type": "Bad Request", "param": null, "code": 400}``;

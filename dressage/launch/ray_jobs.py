@@ -1,9 +1,9 @@
 """Ray Jobs as the launcher of a cluster, over the dashboard's REST API (no ray import).
 
     launcher = RayJobsLauncher("http://head:8265")
-    launcher.submit(JobSpec("python3 -m dressage.jobs.train --run-config /shared/run.json",
+    launcher.submit(JobSpec("python3 -m dressage.jobs.train --run-config /mnt/nfs/run.json",
                             submission_id="dressage-dressage_mopd-scheduled-1-train",
-                            env={"DRESSAGE_MOPD_TEACHER_CONFIG": "/shared/mopd.json"}))
+                            env={"DRESSAGE_MOPD_TEACHER_CONFIG": "/mnt/nfs/mopd.json"}))
 
 The same calls as ``ray job submit|status|logs|stop`` (POST /api/jobs/, GET /api/jobs/{id},
 GET /api/jobs/{id}/logs, POST /api/jobs/{id}/stop). The submission id is the job's key: Ray

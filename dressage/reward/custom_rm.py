@@ -3,7 +3,7 @@
     --custom-rm-path dressage.reward.custom_rm.custom_rm
 
 slime awaits ``custom_rm(args, sample)`` for one sample, and ``custom_rm(args, samples)`` with
-``--group-rm`` or when a custom generate returned a list (reference/slime.md §2); it assigns
+``--group-rm`` or when a custom generate returned a list (docs/slime.md §2); it assigns
 what comes back to the samples, so a list comes back as a list of the same shape. Only a
 trajectory's anchor (its last segment) is scored; a sibling returns its ``0.0`` placeholder.
 ABORTED samples and trajectories marked no-grad (mark_aborted_no_grad) keep their reward.

@@ -5,7 +5,7 @@
 ``generate_rollout(args, rollout_id, data_source, evaluation=False)`` takes
 ``args.rollout_batch_size`` groups from the data source and runs every group through
 :func:`dressage.rollout.group_generation.generate_group` (slime's ``generate_and_rm``: each
-sample's custom generate, then the reward hook; reference/slime.md §2), all groups at once, at
+sample's custom generate, then the reward hook; docs/slime.md §2), all groups at once, at
 most ``args.sglang_server_concurrency`` (slime's default 512) generating at a time. The run
 names its hooks as slime does: ``--custom-generate-function-path`` (for agents:
 ``dressage.rollout.generate.blackbox_dispatch.generate``) and ``--custom-rm-path``

@@ -4,7 +4,7 @@
 
 (named for the MOPD runs that need several datasets; it serves any run, RL included).
 
-slime constructs it as ``cls(args)`` and uses the ``DataSource`` surface (reference/slime.md
+slime constructs it as ``cls(args)`` and uses the ``DataSource`` surface (docs/slime.md
 §1.4): ``get_samples(num_samples)`` returns ``num_samples`` groups of ``n_samples_per_prompt``
 deep copies of one prompt, each group with its own ``group_index`` and each copy a fresh
 global ``index`` (``rollout_id`` is left to the generate function); ``add_samples`` buffers

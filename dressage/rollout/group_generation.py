@@ -3,15 +3,20 @@
     params = sampling_params_from_args(args)
     group = await generate_group(args, data_source.get_samples(1)[0], params)
 
-Per sample, as slime's default rollout does it (reference/slime.md §2, §8.2): the generate
+Per sample, as slime's default rollout does it (docs/slime.md §2, §8.2): the generate
 function is ``sample.generate_function_path``, else ``--custom-generate-function-path`` (loaded
 with slime's last-dot rule; it must be a coroutine function, called with ``evaluation=`` when
-its signature has that parameter) and gets its own copy of the sampling parameters. It returns a
-``Sample`` or a list of siblings (one per segment of an agent's trajectory). Then the reward:
-``--custom-rm-path`` (or ``sample.custom_rm_path``), awaited per sample, or once per list of
-siblings (and once per group with ``--group-rm``); samples that already have a reward and
-ABORTED ones are not scored. The group keeps slime's shape: one entry per prompt copy, a
-``Sample`` or a list of siblings.
+its signature has that parameter) and gets its own copy of the sampling parameters; a sample
+already COMPLETED or TRUNCATED (a partial rollout's buffer) is kept as it is. The result is a
+``Sample`` or a list of siblings (one per segment of an agent's trajectory), passed through
+slime's ``--rollout-sample-hook-path`` hooks when set. Then the reward: ``sample.custom_rm_path``
+or ``--custom-rm-path`` for a sample; for a list, ``--custom-rm-path`` once with the unscored
+siblings (each sample's own function without it), and nothing when any sibling is ABORTED;
+with ``--group-rm`` one call for the whole group, one reward per entry. Samples that already
+have a reward and ABORTED ones are not scored. The group keeps slime's shape: one entry per
+prompt copy, a ``Sample`` or a list of siblings. The tier test
+tests/slime/test_group_generation_parity.py runs this and slime's ``generate_and_rm_group``
+side by side.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ def sampling_params_from_args(args: Any) -> dict[str, Any]:
         "no_stop_trim": True,
         "spaces_between_special_tokens": False,
     }
+    if params["top_p"] != 1.0:  # the engine returns each token's nucleus for top-p replay
+        params["custom_params"] = {"return_top_p_token_ids": True}
     return params
 
 
@@ -90,39 +97,71 @@ async def _generate_one(
     )
 
 
-def _needs_reward(sample: Sample) -> bool:
-    return sample.reward is None and sample.status != Sample.Status.ABORTED
+def _single_rm_fn(args: Any, sample: Sample) -> Any:
+    path = sample.custom_rm_path or getattr(args, "custom_rm_path", None)
+    if not path:
+        raise ValueError(
+            f"{describe(sample)}: no reward function (set --custom-rm-path or the dataset's "
+            "custom_rm_path; slime's rule-based rm_type rewards are not available here)"
+        )
+    return load_function(path)
+
+
+async def _batched_rm(args: Any, samples: list[Any]) -> list[Any]:
+    """slime's ``batched_async_rm``: one call with the list when ``--custom-rm-path`` is set,
+    else each sample through its own reward function."""
+    path = getattr(args, "custom_rm_path", None)
+    if path:
+        rewards: list[Any] = await load_function(path)(args, samples)
+        return rewards
+    return list(await asyncio.gather(*(_single_rm_fn(args, s)(args, s) for s in samples)))
 
 
 async def _score(args: Any, item: Sample | list[Sample]) -> None:
+    """One group entry, scored as slime's ``generate_and_rm`` scores it."""
+    aborted = Sample.Status.ABORTED
     if isinstance(item, list):
-        todo = [s for s in item if _needs_reward(s)]
-        if not todo:
-            return
-        path = getattr(args, "custom_rm_path", None)
-        if not path:
-            return
-        rewards = await load_function(path)(args, todo)
-        for sample, reward in zip(todo, rewards, strict=True):
-            sample.reward = reward
+        if any(s.status == aborted for s in item):
+            return  # slime scores none of an aborted trajectory's segments
+        todo = [s for s in item if s.reward is None]
+        if todo:
+            for sample, reward in zip(todo, await _batched_rm(args, todo), strict=True):
+                sample.reward = reward
         return
-    if not _needs_reward(item):
-        return
-    path = item.custom_rm_path or getattr(args, "custom_rm_path", None)
-    if path:
-        item.reward = await load_function(path)(args, item)
+    if item.status != aborted and item.reward is None:
+        item.reward = await _single_rm_fn(args, item)(args, item)
 
 
 async def _score_group(args: Any, group: GroupResult) -> None:
-    if getattr(args, "group_rm", False):
-        todo = [s for s in leaves(group) if _needs_reward(s)]
-        path = getattr(args, "custom_rm_path", None)
-        if todo and path:
-            rewards = await load_function(path)(args, todo)
-            for sample, reward in zip(todo, rewards, strict=True):
-                sample.reward = reward
+    if not getattr(args, "group_rm", False):
+        await asyncio.gather(*(_score(args, item) for item in group))
         return
-    await asyncio.gather(*(_score(args, item) for item in group))
+    # slime's --group-rm: the whole group in one call, one reward per entry (scored or not)
+    if any(isinstance(item, list) for item in group):
+        raise ValueError(
+            "--group-rm gives one reward per group entry, but this group holds trajectories "
+            "split into segments (lists of samples); score them per trajectory instead"
+        )
+    for sample, reward in zip(group, await _batched_rm(args, list(group)), strict=True):
+        assert isinstance(sample, Sample)
+        sample.reward = reward
+
+
+async def _generate_or_keep(
+    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool
+) -> Sample | list[Sample]:
+    """slime keeps a finished sample (a partial rollout's buffer) as it is."""
+    done = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+    if sample.status in done:
+        if sample.reward is None and not getattr(args, "group_rm", False):
+            raise ValueError(f"{describe(sample)}: finished ({sample.status.value}) but unscored")
+        return sample
+    result = await _generate_one(args, sample, sampling_params, evaluation)
+    if getattr(args, "rollout_sample_hook_path", None):
+        from slime.rollout.sample_hooks import apply_rollout_sample_hooks
+
+        result = await apply_rollout_sample_hooks(args, result, evaluation=evaluation)
+    return result
 
 
 async def generate_group(
@@ -134,7 +173,7 @@ async def generate_group(
 ) -> GroupResult:
     """Run the generate function for every sample of ``group`` at once, then score them."""
     results = await asyncio.gather(
-        *(_generate_one(args, sample, sampling_params, evaluation) for sample in group)
+        *(_generate_or_keep(args, sample, sampling_params, evaluation) for sample in group)
     )
     out: GroupResult = list(results)
     await _score_group(args, out)

@@ -3,7 +3,7 @@
 An agent that rewrites or compacts its history leaves a trajectory of several append-only
 segments (dressage.trajectory). Each segment trains as one sample; the siblings share the
 trajectory's ``rollout_id`` so that slime's DP schedule keeps them in one step and its loss
-reducer treats them as one rollout (reference/slime.md §3.4, §5). The last segment is the
+reducer treats them as one rollout (docs/slime.md §3.4, §5). The last segment is the
 *anchor*: the only sibling the reward hook scores (its ``reward`` starts as ``None``); the
 others carry a ``0.0`` placeholder, and reward post-processing broadcasts the anchor's value to
 them.

@@ -4,7 +4,7 @@
     --custom-generate-function-path dressage.rollout.generate.blackbox_dispatch.generate
 
 slime calls ``generate_rollout_partial_async(args, rollout_id, data_source, evaluation=False)``
-(reference/slime.md §2). The first call starts a worker: a thread with its own asyncio loop (as
+(docs/slime.md §2). The first call starts a worker: a thread with its own asyncio loop (as
 slime's fully-async rollout, §8.5) that keeps up to ``--dressage-async-groups-in-flight`` groups
 (default ``2 x rollout_batch_size``) generating through ``group_generation.generate_group`` and
 queues each finished group. Like slime's worker it never idles: when agents outpace training the

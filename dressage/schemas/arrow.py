@@ -93,7 +93,7 @@ SAMPLE_SCHEMA = pa.schema(
     ]
 )
 
-# One row per sample; columns are slime's train_data keys (reference/slime.md §3.2).
+# One row per sample; columns are slime's train_data keys (docs/slime.md §3.2).
 TRAIN_DATA_SCHEMA = pa.schema(
     [
         pa.field("tokens", _ids, nullable=False),

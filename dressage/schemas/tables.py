@@ -157,7 +157,10 @@ def samples_from_table(table: pa.Table) -> list[Sample]:
 
 # -- train data -----------------------------------------------------------------------------------
 
-# slime emits some keys only when present (reference/slime.md §3.2); absent keys become nulls.
+# Keys a batch may lack, stored as nulls: slime's converter emits rollout_log_probs and
+# teacher_log_probs only when the samples carry them (docs/slime.md §3.2), the MOPD converter
+# adds prompt (teacher ids) for MOPD only, and raw_reward is kept optional for train_data
+# written by other converters.
 _OPTIONAL_TRAIN_KEYS = {"raw_reward", "rollout_log_probs", "teacher_log_probs", "prompt"}
 
 

@@ -139,7 +139,7 @@ def log_rollout_metrics(
     rollout_extra_metrics: Mapping[str, Any] | None,
     rollout_time: float,
 ) -> bool:
-    """slime's ``--custom-rollout-log-function-path`` hook (reference/slime.md §2).
+    """slime's ``--custom-rollout-log-function-path`` hook (docs/slime.md §2).
 
     Appends to ``<args.mopd_metrics_dir>/rollout.jsonl`` and returns False so slime's default
     rollout logging (W&B, console) still runs.

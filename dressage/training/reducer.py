@@ -2,7 +2,7 @@
 
 A loss hook receives ``sum_of_sample_mean``, a function that folds a flat per-token tensor into
 a scalar. This module builds it with the semantics of slime's ``get_sum_of_sample_mean``
-(shared reference/slime.md §3.4):
+(docs/slime.md §3.4):
 
 * default mode: ``sum_i (sum_t x_it * mask_it) / max(denom_i, 1)``, where ``denom_i`` is the
   sample's ``rollout_mask_sums`` entry (the trainable-token count of its whole rollout, or the

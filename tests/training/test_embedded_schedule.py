@@ -113,7 +113,7 @@ def test_reinforce_plus_plus_discounts_from_the_last_trainable_token() -> None:
     assert [r.tolist() for r in data["returns"]] == [[0.5, 1.0, 0.0], [1.0, 2.0]]
     adv = torch.cat(data["advantages"])[torch.tensor([0, 1, 3, 4])]
     assert adv.mean().item() == pytest.approx(0.0, abs=1e-6)  # whitened over masked tokens
-    assert adv.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-3)
+    assert adv.std(unbiased=True).item() == pytest.approx(1.0, abs=1e-3)  # slime: Bessel
 
 
 def test_baseline_estimator_subtracts_reward_kl_and_opd_shapes_after_the_estimator() -> None:
@@ -126,11 +126,18 @@ def test_baseline_estimator_subtracts_reward_kl_and_opd_shapes_after_the_estimat
         kl_loss_type="k1",
         use_opd=True,
         opd_kl_coef=2.0,
+        normalize_advantages=True,  # slime requires it for the REINFORCE++ estimators
     )
     compute_advantages_and_returns(args, data)
-    # 1 - 0.1 * (logp - ref) - 2 * (logp - teacher)
-    assert data["advantages"][0].tolist() == pytest.approx([1 - 0.05, 1 + 2.0, 1 + 4.0])
-    assert data["advantages"][1].tolist() == pytest.approx([1 - 2.0, 1 + 0.05])
+    # before whitening (slime's rppb returns are that list): 1 - 0.1 (logp - ref) - 2 (logp - T)
+    assert data["returns"][0].tolist() == pytest.approx([1 - 0.05, 1 + 2.0, 1 + 4.0])
+    assert data["returns"][1].tolist() == pytest.approx([1 - 2.0, 1 + 0.05])
+    mask = torch.cat(data["loss_masks"]).bool()
+    assert torch.cat(data["advantages"])[mask].mean().item() == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="normalize-advantages"):
+        compute_advantages_and_returns(
+            Namespace(advantage_estimator="reinforce_plus_plus_baseline"), _rollout_data([1, 1])
+        )
 
 
 def test_a_custom_advantage_hook_replaces_the_estimator() -> None:

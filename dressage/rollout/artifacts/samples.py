@@ -1,7 +1,7 @@
 """Write one finalized :class:`~dressage.trajectory.Segment` into one slime ``Sample``.
 
 The segment holds the whole token sequence with per-token mask, log-prob and weight version;
-the sample holds slime's view of it (reference/slime.md §1.1)::
+the sample holds slime's view of it (docs/slime.md §1.1)::
 
     tokens            segment.tokens[:cap]                      prompt + response
     response_length   len(tokens) - prompt_length

@@ -1,8 +1,11 @@
 """Advantages and returns as slime's ``compute_advantages_and_returns`` computes them, one rank.
 
-Order (reference/slime.md §4.2): per-token ``kl`` (``kl_coef != 0`` with reference log-probs,
-else zeros) is stored first; then the custom advantage hook (``fn(args, rollout_data)``) or the
-built-in estimator; then ``--use-opd`` KL shaping; then ``--normalize-advantages`` whitening.
+Order (docs/slime.md §4.2): per-token ``kl`` (from the reference log-probs when
+``kl_coef != 0``, which then must exist, else zeros) is stored first; then the custom
+advantage hook (``fn(args, rollout_data)``) or the built-in estimator; then ``--use-opd`` KL
+shaping; then ``--normalize-advantages`` whitening (unbiased variance, as slime's). The
+REINFORCE++ estimators need whitening, as slime's parser says. tests/slime/
+test_embedded_parity.py runs this and slime's own function on the same batches.
 
 Estimators: ``grpo``/``gspo``/``cispo`` broadcast the post-processed scalar reward to every
 response token; ``reinforce_plus_plus_baseline`` does the same minus ``kl_coef * kl``;
@@ -25,15 +28,21 @@ from dressage.training.losses import approx_kl
 __all__ = ["compute_advantages_and_returns", "masked_whiten"]
 
 _BROADCAST = ("grpo", "gspo", "cispo")
+_NEED_WHITENING = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
 def masked_whiten(values: list[Tensor], masks: list[Tensor], eps: float = 1e-8) -> list[Tensor]:
-    """``(v - mean) / sqrt(var + eps)`` over all masked tokens of all samples."""
+    """``(v - mean) / sqrt(var + eps)`` over all masked tokens of all samples, the variance
+    unbiased (Bessel) as slime's ``distributed_masked_whiten`` takes it."""
     flat = torch.cat(values)
     mask = torch.cat(masks).to(flat.dtype)
-    count = mask.sum().clamp_min(1.0)
+    count = mask.sum()
+    if count.item() == 0:
+        raise ValueError("--normalize-advantages: the batch has no trainable token")
     mean = (flat * mask).sum() / count
     var = ((flat - mean).square() * mask).sum() / count
+    if count.item() >= 2:
+        var = var * count / (count - 1)
     scale = torch.rsqrt(var + eps)
     return [(v - mean) * scale for v in values]
 
@@ -61,7 +70,9 @@ def compute_advantages_and_returns(args: Namespace, rollout_data: MutableMapping
     masks: list[Tensor] = rollout_data["loss_masks"]
     kl_coef = float(getattr(args, "kl_coef", 0.0) or 0.0)
     ref = rollout_data.get("ref_log_probs")
-    if kl_coef != 0.0 and ref is not None:
+    if kl_coef != 0.0:
+        if ref is None:  # slime loads a reference model whenever --kl-coef is set
+            raise KeyError("--kl-coef != 0 needs rollout_data['ref_log_probs'] (a reference)")
         kind = getattr(args, "kl_loss_type", "k1")
         kl = [approx_kl(lp, r, kind) for lp, r in zip(log_probs, ref, strict=True)]
     else:
@@ -70,6 +81,8 @@ def compute_advantages_and_returns(args: Namespace, rollout_data: MutableMapping
 
     estimator = getattr(args, "advantage_estimator", "grpo")
     custom = getattr(args, "custom_advantage_function_path", None)
+    if estimator in _NEED_WHITENING and not getattr(args, "normalize_advantages", False):
+        raise ValueError(f"{estimator} requires --normalize-advantages (as slime's parser)")
     if custom:
         load_function(custom)(args, rollout_data)
     elif estimator in _BROADCAST or estimator == "reinforce_plus_plus_baseline":
@@ -77,18 +90,18 @@ def compute_advantages_and_returns(args: Namespace, rollout_data: MutableMapping
         adv = [torch.full_like(lp, r) for lp, r in zip(log_probs, rewards, strict=True)]
         if estimator == "reinforce_plus_plus_baseline":
             adv = [a - kl_coef * k for a, k in zip(adv, kl, strict=True)]
-        rollout_data["advantages"], rollout_data["returns"] = adv, [a.clone() for a in adv]
+        # slime's rppb returns *are* its advantage list, so OPD shaping (below) reaches both
+        returns = adv if estimator == "reinforce_plus_plus_baseline" else [a.clone() for a in adv]
+        rollout_data["advantages"], rollout_data["returns"] = adv, returns
     elif estimator == "reinforce_plus_plus":
-        if not getattr(args, "normalize_advantages", False):
-            raise ValueError("reinforce_plus_plus requires --normalize-advantages (as in slime)")
         rewards = _rewards(rollout_data, len(log_probs))
         returns = []
-        for lp, m, k, r in zip(log_probs, masks, kl, rewards, strict=True):
+        for i, (m, k, r) in enumerate(zip(masks, kl, rewards, strict=True)):
             token_rewards = -kl_coef * k * m.to(k.dtype)
             trainable = torch.nonzero(m).flatten()
-            last = int(trainable[-1]) if trainable.numel() else lp.numel() - 1
-            if lp.numel():
-                token_rewards[last] += r
+            if not trainable.numel():  # slime asserts the same: the return has no last token
+                raise ValueError(f"reinforce_plus_plus: sample {i} has no trainable token")
+            token_rewards[int(trainable[-1])] += r
             returns.append(_discounted(token_rewards, float(getattr(args, "gamma", 1.0))))
         rollout_data["advantages"], rollout_data["returns"] = returns, [x.clone() for x in returns]
     elif estimator == "ppo":
@@ -107,9 +120,8 @@ def compute_advantages_and_returns(args: Namespace, rollout_data: MutableMapping
         if teacher is None:
             raise KeyError("--use-opd needs rollout_data['teacher_log_probs']")
         coef = float(getattr(args, "opd_kl_coef", 1.0))
-        rollout_data["advantages"] = [
-            a - coef * (s - t)
-            for a, s, t in zip(rollout_data["advantages"], log_probs, teacher, strict=True)
-        ]
+        advantages = rollout_data["advantages"]
+        for i, (s, t) in enumerate(zip(log_probs, teacher, strict=True)):  # in place, as slime
+            advantages[i] = advantages[i] - coef * (s - t)
     if getattr(args, "normalize_advantages", False):
         rollout_data["advantages"] = masked_whiten(rollout_data["advantages"], masks)

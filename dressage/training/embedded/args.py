@@ -22,7 +22,7 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "device": "auto",
     "bf16": False,  # autocast to bfloat16 on CUDA; master weights stay in their dtype
     "seed": 1234,
-    # batching (reference/slime.md §5)
+    # batching (docs/slime.md §5)
     "global_batch_size": None,  # rollouts per optimizer step: required
     "micro_batch_size": 1,
     "use_dynamic_batch_size": False,
@@ -36,8 +36,9 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "adam_beta2": 0.999,
     "adam_eps": 1e-8,
     "clip_grad": 1.0,
-    # advantages (reference/slime.md §4.2)
+    # advantages (docs/slime.md §4.2)
     "advantage_estimator": "grpo",
+    "dressage_prompt_equal_estimators": None,  # --dressage-prompt-equal-estimators
     "custom_advantage_function_path": None,
     "rollout_data_postprocess_path": None,
     "normalize_advantages": False,
@@ -45,7 +46,7 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "lambd": 1.0,
     "kl_coef": 0.0,
     "use_rollout_logprobs": False,
-    # loss (reference/slime.md §3.4)
+    # loss (docs/slime.md §3.4)
     "loss_type": "policy_loss",
     "custom_loss_function_path": None,
     "calculate_per_token_loss": False,
@@ -59,7 +60,7 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "ref_load": None,
     "use_tis": False,
     "rollout_temperature": 1.0,
-    # on-policy distillation (reference/slime.md §7.2) and MOPD
+    # on-policy distillation (docs/slime.md §7.2) and MOPD
     "use_opd": False,
     "opd_type": None,
     "opd_kl_coef": 1.0,

@@ -4,7 +4,7 @@
 position, ``sample_indices`` entry and dataset from ``source_names``) and the teacher: missing
 keys, lengths that disagree, a ``teacher_id`` (``prompt`` slot) no loaded teacher answers to,
 siblings of one rollout that name different teachers. ``select`` then keeps the scheduled
-samples, as slime's DP split does, and tensorises them (reference/slime.md §3.3): ``tokens``
+samples, as slime's DP split does, and tensorises them (docs/slime.md §3.3): ``tokens``
 long, ``loss_masks`` int, ``rollout_log_probs``/``teacher_log_probs`` float32 (lists of per-sample
 tensors), ``rollout_mask_sums`` one float32 tensor.
 """

@@ -7,7 +7,7 @@
         update_engine_weights(trainer, engine_url, rollout_id + 1, run_dir / "weights")
 
 ``generate`` does what slime's ``RolloutManager._get_rollout_data`` and converter do
-(reference/slime.md §3.1, §3.2): call the rollout function as
+(docs/slime.md §3.1, §3.2): call the rollout function as
 ``rollout_fn(args, rollout_id, data_source, evaluation=False)`` (slime's signature; default the
 synchronous :func:`dressage.rollout.batch_rollout.generate_rollout`, or
 ``args.rollout_function_path``: the asynchronous drivers plug in here), check that the siblings

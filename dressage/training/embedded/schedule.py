@@ -1,6 +1,6 @@
 """Optimizer steps and micro-batches, grouped by rollout the way slime's DP schedule groups them.
 
-One rank, no DP (reference/slime.md §5): sample positions are grouped by ``rollout_id`` in
+One rank, no DP (docs/slime.md §5): sample positions are grouped by ``rollout_id`` in
 first-occurrence order; ``global_batch_size`` counts **rollouts**; each step takes the next
 ``global_batch_size`` rollouts with all their samples, so siblings never straddle a step;
 trailing rollouts that do not fill a step are dropped. Each step is packed into micro-batches:
