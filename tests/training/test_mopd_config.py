@@ -223,6 +223,8 @@ CONTRADICTIONS = [
     ({"num_steps_per_rollout": 2}, "--num-steps-per-rollout"),
     ({"rollout_batch_size": 32, "global_batch_size": 16}, "--global-batch-size"),
     ({"compute_advantages_and_returns": False}, "--disable-compute-advantages-and-returns"),
+    # the proxy records no routed experts: R3 would replay nothing
+    ({"use_rollout_routing_replay": True}, "--use-rollout-routing-replay"),
 ]
 
 

@@ -253,3 +253,18 @@ def test_pause_failures_follow_pause_required(
     with pytest.raises(RolloutPauseError, match="no proxy URL"):
         monkeypatch.setenv("DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE", "1")
         update_weights_with_pause(RolloutPause.from_env(), lambda: 1, reason="u")
+
+
+@pytest.mark.unit
+def test_rollout_routing_replay_is_refused_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The GRPO driver's entry: slime's parser stands in (it needs SGLang), the refusal names the
+    flag and no backend is built."""
+    parsed = SimpleNamespace(use_rollout_routing_replay=True)
+    fake = type(sys)("slime.utils.arguments")
+    fake.parse_args = lambda add_custom_arguments: parsed  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "slime.utils.arguments", fake)
+    monkeypatch.setattr(driver, "SlimeBackend", lambda args: pytest.fail("a backend was built"))
+    assert driver.main([]) == 2
+    assert "--use-rollout-routing-replay" in capsys.readouterr().err
