@@ -169,6 +169,7 @@ class _TorchWithoutPinning(types.ModuleType):
 def slime_args(scenario: dict[str, Any], tmp: Path) -> Namespace:
     """The options slime's actor reads on this path, as slime's parser would leave them."""
     from dressage.assets import tiny_model_dir
+    from tests.slime.slime_parts import MOPD_LOSS_ARGS, SPLIT_AND_LOGGING_ARGS
 
     config = {
         "teachers": TEACHERS,
@@ -214,9 +215,6 @@ def slime_args(scenario: dict[str, Any], tmp: Path) -> Namespace:
         global_batch_size=3,
         n_samples_per_prompt=1,
         rollout_batch_size=3,
-        balance_data=False,
-        balance_by_flops=False,
-        rollout_data_transport="object-store",
         data_pad_size_multiplier=4,
         seq_length=64,
         # the model, as Megatron's flags describe it (slime's FLOPs estimate reads them)
@@ -231,25 +229,13 @@ def slime_args(scenario: dict[str, Any], tmp: Path) -> Namespace:
         moe_router_topk=None,
         moe_layer_freq=1,
         # log-probs and loss
-        allgather_cp=False,
         use_rollout_entropy=False,
         rollout_temperature=1.0,
-        log_probs_chunk_size=-1,
-        entropy_coef=0.0,
-        rollout_top_p=1.0,
         custom_megatron_before_log_prob_hook_path=None,
         compute_advantages_and_returns=True,
         use_routing_replay=False,
         use_rollout_routing_replay=False,
-        use_rollout_logprobs=False,
         get_mismatch_metrics=False,
-        use_opd=False,
-        kl_coef=0.0,
-        normalize_advantages=False,
-        loss_type="custom_loss",
-        advantage_estimator="mopd",
-        custom_advantage_function_path="dressage.training.mopd_loss.compute_mopd_advantages",
-        custom_loss_function_path="dressage.training.mopd_loss.mopd_policy_loss",
         ref_update_interval=None,
         save_debug_train_data=None,
         # reward post-processing (the converter)
@@ -257,19 +243,12 @@ def slime_args(scenario: dict[str, Any], tmp: Path) -> Namespace:
         grpo_std_normalization=False,
         reward_key=None,
         context_parallel_size=1,
-        # logging
-        use_wandb=False,
-        use_tensorboard=False,
-        wandb_always_use_train_step=False,
-        ci_test=False,
-        log_multi_turn=False,
-        log_passrate=False,
-        log_correct_samples=False,
         # MOPD
         mopd_config=str(tmp / "mopd.json"),
         mopd_advantage_clip=None,
         mopd_metrics_dir=str(tmp / "metrics"),
     )
+    values.update(SPLIT_AND_LOGGING_ARGS, **MOPD_LOSS_ARGS)
     values.update(scenario.get("args", {}))
     return Namespace(**values)
 

@@ -59,24 +59,15 @@ def batch_spec(seed: int = 0) -> dict[str, Any]:
 
 def slime_args(metrics_dir: str = ".") -> Namespace:
     """The slime options a MOPD step reads on this path."""
+    from tests.slime.slime_parts import MOPD_LOSS_ARGS
+
     return Namespace(
-        advantage_estimator="mopd",
-        custom_advantage_function_path="dressage.training.mopd_loss.compute_mopd_advantages",
-        custom_loss_function_path="dressage.training.mopd_loss.mopd_policy_loss",
-        loss_type="custom_loss",
+        **MOPD_LOSS_ARGS,
         mopd_advantage_clip=CLIP,
         mopd_defer_rollout_metrics=True,
-        kl_coef=0.0,
-        use_rollout_logprobs=False,
-        use_opd=False,
-        normalize_advantages=False,
         calculate_per_token_loss=False,
         recompute_loss_function=False,
-        allgather_cp=False,
         rollout_temperature=TEMPERATURE,
-        log_probs_chunk_size=-1,
-        entropy_coef=0.0,
-        rollout_top_p=1.0,
         mopd_metrics_dir=metrics_dir,
     )
 

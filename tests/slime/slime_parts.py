@@ -51,3 +51,35 @@ def split_per_rank(
     no_object_store(monkeypatch)
     refs = bare_manager(args, dp_size)._split_train_data_by_dp(data)
     return [slime_data.process_rollout_data(args, refs, r, dp_size) for r in range(dp_size)]
+
+
+# slime options of its DP split and train-side logging, as its parser leaves them when no
+# tracker or extra report is asked for
+SPLIT_AND_LOGGING_ARGS: dict[str, Any] = {
+    "balance_data": False,
+    "balance_by_flops": False,
+    "rollout_data_transport": "object-store",
+    "use_wandb": False,
+    "use_tensorboard": False,
+    "wandb_always_use_train_step": False,
+    "ci_test": False,
+    "log_multi_turn": False,
+    "log_passrate": False,
+    "log_correct_samples": False,
+}
+
+# slime options of the MOPD objective on its loss path (the hooks named, the rest neutral)
+MOPD_LOSS_ARGS: dict[str, Any] = {
+    "advantage_estimator": "mopd",
+    "custom_advantage_function_path": "dressage.training.mopd_loss.compute_mopd_advantages",
+    "custom_loss_function_path": "dressage.training.mopd_loss.mopd_policy_loss",
+    "loss_type": "custom_loss",
+    "kl_coef": 0.0,
+    "use_rollout_logprobs": False,
+    "use_opd": False,
+    "normalize_advantages": False,
+    "allgather_cp": False,
+    "log_probs_chunk_size": -1,
+    "entropy_coef": 0.0,
+    "rollout_top_p": 1.0,
+}

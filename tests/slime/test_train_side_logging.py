@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.rollout.factories import slime_args, template, trajectory
-from tests.slime.slime_parts import split_per_rank
+from tests.slime.slime_parts import SPLIT_AND_LOGGING_ARGS, split_per_rank
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("megatron_world")]
 
@@ -45,17 +45,8 @@ def test_grpo_rollout_data_is_logged_by_slimes_train_side_logging(
         n_samples_per_prompt=1,
         rollout_batch_size=3,
         global_batch_size=3,
-        balance_data=False,
-        balance_by_flops=False,
-        rollout_data_transport="object-store",
         micro_batch_size=1,
-        use_wandb=False,
-        use_tensorboard=False,
-        wandb_always_use_train_step=False,
-        ci_test=False,
-        log_multi_turn=False,
-        log_passrate=False,
-        log_correct_samples=False,
+        **SPLIT_AND_LOGGING_ARGS,
     )
     data = _rank_data(args, monkeypatch)
     logged: list[dict[str, Any]] = []

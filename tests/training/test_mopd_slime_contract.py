@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -164,7 +165,7 @@ def test_modules_import_without_slime() -> None:
         "dressage.launch.slime_command\n"
         "assert not [m for m in sys.modules if m == 'slime' or m.startswith('slime.')]"
     )
-    env_free = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    env_free = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120, env=env_free)
 
 
