@@ -12,16 +12,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from dressage.assets._cache import cached_build
-from dressage.assets.tokenizers import QwenVocab, qwen_tokenizer_dir
+from dressage.assets.task_tokenizer import TASK_VOCAB, task_tokenizer_dir
+from dressage.assets.tokenizers import QWEN_VOCABS, QwenVocab, qwen_tokenizer_dir
 
 _RECIPE_VERSION = 1
 
 
+ModelVocab = QwenVocab | Literal["qwen3.5-tasks"]
+
+
 @dataclass(frozen=True)
 class TinyModelSpec:
-    vocab: QwenVocab = "qwen3.5"
+    """``vocab``: a real Qwen vocabulary, or ``qwen3.5-tasks``, the small Qwen3.5-format one of
+    :mod:`dressage.assets.task_tokenizer` (the embedded default's, for speed)."""
+
+    vocab: ModelVocab = "qwen3.5"
     seed: int = 0
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -32,13 +40,22 @@ class TinyModelSpec:
     max_position_embeddings: int = 32768
 
 
+def vocab_dir(vocab: str) -> Path:
+    """The tokenizer folder of a :class:`TinyModelSpec` vocabulary name."""
+    if vocab == TASK_VOCAB:
+        return task_tokenizer_dir()
+    if vocab in QWEN_VOCABS:
+        return qwen_tokenizer_dir(vocab)
+    raise ValueError(f"unknown vocabulary {vocab!r}; expected one of {[*QWEN_VOCABS, TASK_VOCAB]}")
+
+
 def _build(spec: TinyModelSpec, out: Path) -> None:
     import shutil
 
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    tok_dir = qwen_tokenizer_dir(spec.vocab)
+    tok_dir = vocab_dir(spec.vocab)
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     vocab = tokenizer.get_vocab()
     vocab_size = -(-len(tokenizer) // 64) * 64
@@ -72,7 +89,7 @@ def tiny_model_dir(spec: TinyModelSpec | None = None) -> Path:
     """Folder of a tiny model plus its tokenizer, in Hugging Face layout."""
     spec = spec or TinyModelSpec()
     # the tokenizer folder's key: a rebuilt tokenizer (new template, say) gives a new model folder
-    tokenizer_key = qwen_tokenizer_dir(spec.vocab).name
+    tokenizer_key = vocab_dir(spec.vocab).name
     recipe = {"kind": "tiny-qwen3", "version": _RECIPE_VERSION, "tokenizer": tokenizer_key}
     recipe.update(asdict(spec))
     return cached_build("models", recipe, lambda out: _build(spec, out))

@@ -27,7 +27,7 @@ QwenVocab = Literal["qwen3", "qwen3.5"]
 
 # Added tokens that are control tokens (skipped by ``skip_special_tokens``); the others
 # (<tool_call>, <think>, ...) are ordinary added tokens that the model writes as text.
-_CONTROL = {
+CONTROL_TOKENS = {
     "<|endoftext|>",
     "<|im_start|>",
     "<|im_end|>",
@@ -104,7 +104,7 @@ def _build(spec: _VocabSpec, out: Path) -> None:
         if expected_id != base_size + len(backend.get_added_tokens_decoder()):
             raise RuntimeError(f"{spec.name}: {token} would not land on id {expected_id}")
         backend.add_tokens(
-            [AddedToken(token, special=token in _CONTROL, normalized=False)],
+            [AddedToken(token, special=token in CONTROL_TOKENS, normalized=False)],
         )
         assert backend.token_to_id(token) == expected_id, token
     from dressage.proxy.tito.template_utils import load_pinned_template
