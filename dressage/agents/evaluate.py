@@ -19,7 +19,10 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dressage.proxy.client import ProxyClient
 
 __all__ = ["AccuracyReport", "EvalItem", "items_from_jsonl", "measure_accuracy"]
 
@@ -73,7 +76,7 @@ def _score(task: str, answer: str, label: str) -> float:
 
 
 async def _one(
-    proxy_url: str,
+    proxy: ProxyClient,
     item: EvalItem,
     *,
     agent: str,
@@ -81,16 +84,15 @@ async def _one(
     max_tokens: int,
     timeout_s: float,
     api_key: str | None,
-    admin_key: str | None,
 ) -> float | str:
+    import httpx
     from openai import AsyncOpenAI
 
     from dressage.agents.base import AgentTask
     from dressage.agents.registry import load_agent
-    from dressage.proxy.client import ProxyClient
+    from dressage.proxy.client import ProxyClientError
 
     session = f"eval-{uuid.uuid4().hex[:16]}"
-    base = proxy_url.rstrip("/")
     task = AgentTask(
         prompt=item.prompt,
         task=item.task,
@@ -98,8 +100,8 @@ async def _one(
         max_turns=max_turns,
     )
     client = AsyncOpenAI(
-        base_url=f"{base}/sessions/{session}/v1",
-        api_key=api_key or admin_key or "unused",
+        base_url=proxy.session_base_url(session),
+        api_key=api_key or proxy.admin_key or "unused",
         max_retries=0,
         timeout=timeout_s,
     )
@@ -110,23 +112,25 @@ async def _one(
         return f"{item.task} {item.prompt[:40]!r}: {type(exc).__name__}: {exc}"[:300]
     finally:
         await client.close()
-        async with ProxyClient(base, admin_key=admin_key) as proxy:
-            try:
-                await proxy.discard_session(session)
-            except Exception:  # a session that never reached the proxy has nothing to discard
-                pass
+        try:
+            await proxy.discard_session(session)
+        except (ProxyClientError, httpx.HTTPError):  # never reached the proxy: nothing to discard
+            pass
 
 
 async def _measure(
-    proxy_url: str, items: Sequence[EvalItem], concurrency: int, **kw: Any
+    proxy_url: str, items: Sequence[EvalItem], concurrency: int, admin_key: str | None, **kw: Any
 ) -> list[float | str]:
+    from dressage.proxy.client import ProxyClient
+
     gate = asyncio.Semaphore(concurrency)
+    async with ProxyClient(proxy_url, admin_key=admin_key) as proxy:
 
-    async def run(item: EvalItem) -> float | str:
-        async with gate:
-            return await _one(proxy_url, item, **kw)
+        async def run(item: EvalItem) -> float | str:
+            async with gate:
+                return await _one(proxy, item, **kw)
 
-    return list(await asyncio.gather(*(run(item) for item in items)))
+        return list(await asyncio.gather(*(run(item) for item in items)))
 
 
 def measure_accuracy(

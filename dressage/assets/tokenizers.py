@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from dressage.assets._cache import cached_build
 
@@ -85,19 +85,13 @@ def _vocab_file(resource: str) -> Path:
 
 
 def _build(spec: _VocabSpec, out: Path) -> None:
-    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import AddedToken, decoders, normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     converter = TikTokenConverter(vocab_file=str(_vocab_file(spec.resource)), pattern=spec.pattern)
     backend = converter.tokenizer()
     backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(spec.pattern), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    backend.pre_tokenizer = byte_level_pre_tokenizer(spec.pattern)
     backend.decoder = decoders.ByteLevel()
     base_size = backend.get_vocab_size()
     for expected_id, token in spec.special:
@@ -107,15 +101,35 @@ def _build(spec: _VocabSpec, out: Path) -> None:
             [AddedToken(token, special=token in CONTROL_TOKENS, normalized=False)],
         )
         assert backend.token_to_id(token) == expected_id, token
+    save_qwen_tokenizer(backend, spec.name, out, model_max_length=262144)
+
+
+def byte_level_pre_tokenizer(pattern: str) -> Any:
+    """Qwen's pre-tokenizer: split by ``pattern`` (isolated pieces), then byte-level."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def save_qwen_tokenizer(backend: Any, template: str, out: Path, *, model_max_length: int) -> None:
+    """Save ``backend`` as a ``PreTrainedTokenizerFast`` with Qwen's eos/pad tokens and the
+    pinned chat template ``template`` (a family or template name)."""
+    from transformers import PreTrainedTokenizerFast
+
     from dressage.proxy.tito.template_utils import load_pinned_template
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        model_max_length=262144,
+        model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
-        chat_template=load_pinned_template(spec.name),
+        chat_template=load_pinned_template(template),
     )
     fast.save_pretrained(str(out))
 
