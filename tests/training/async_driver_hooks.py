@@ -18,7 +18,9 @@ ADMIN = "admin-key-for-driver-tests"
 SESSIONS: list[str] = []
 """Every session an agent opened (the tests read their trajectories back)."""
 MAX_TOKENS = 32
-TOOL_SECONDS = 0.3
+TOOL_SECONDS = 0.1
+# The tiny random model almost never samples its end token, so every call runs MAX_TOKENS long:
+# calls, not the tool, fill an agent's time, and a weight update finds calls in flight.
 
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> list[Sample]:
