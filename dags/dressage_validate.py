@@ -5,7 +5,9 @@
 **check_routes** (each dataset's teacher exists, weights > 0, agent modes, generate functions
 and reward modules import, reward tasks registered, `runtime_env_keys` set, dataset files
 exist) and **check_checkpoints** (student and teacher checkpoints present and readable, the same
-architecture, tokenizer and vocabulary as the student) → **report**: one JSON report of every
+architecture, tokenizer and vocabulary as the student; a project-built teacher whose recorded
+agent-loop accuracy on its own task is below `teacher_skill_floor` is a warning, or a problem
+with `require_skilled_teachers`) → **report**: one JSON report of every
 problem, written to `<run_root>/dressage_validate/<run_id>/report.json`; the run fails if any.
 
 `airflow dags test dressage_validate --conf '{"mopd_config": "configs/mopd/embedded.json"}'`

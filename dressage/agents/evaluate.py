@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dressage.proxy.client import ProxyClient
 
-__all__ = ["AccuracyReport", "EvalItem", "items_from_jsonl", "measure_accuracy"]
+__all__ = [
+    "AccuracyReport",
+    "EvalItem",
+    "checkpoint_accuracy",
+    "items_from_jsonl",
+    "measure_accuracy",
+]
 
 
 @dataclass(frozen=True)
@@ -168,3 +174,31 @@ def measure_accuracy(
         report.accuracy[task] = sum(s for s in mine if isinstance(s, float)) / len(mine)
     report.first_errors = [s for s in scores if isinstance(s, str)][:5]
     return report
+
+
+def checkpoint_accuracy(
+    model_dir: str | Path, items: Iterable[EvalItem], *, device: str = "cpu", **options: Any
+) -> AccuracyReport:
+    """:func:`measure_accuracy` of a Hugging Face folder: serves it with the embedded engine and
+    the recording proxy (its own tokenizer, a scratch store) on loopback threads, then stops
+    both. ``options`` are :func:`measure_accuracy`'s."""
+    import secrets
+    import tempfile
+
+    from dressage.engine.testing import serve_engine
+    from dressage.proxy.config import ProxyConfig
+    from dressage.proxy.testing import serve_proxy
+
+    key = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="dressage-eval-") as scratch:
+        with serve_engine(model_dir, device=device) as engine_url:
+            config = ProxyConfig.model_validate(
+                {
+                    "engine_url": engine_url,
+                    "store_dir": Path(scratch) / "store",
+                    "tokenizer_path": str(model_dir),
+                    "admin_key": key,
+                }
+            )
+            with serve_proxy(config) as proxy_url:
+                return measure_accuracy(proxy_url, items, admin_key=key, **options)

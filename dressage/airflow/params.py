@@ -157,6 +157,23 @@ def validation_params() -> dict[str, Param]:
             title="Objective",
             description="mopd also compares every teacher with the student.",
         ),
+        "teacher_skill_floor": Param(
+            0.9,
+            type="number",
+            minimum=0,
+            maximum=1,
+            title="Teacher skill floor",
+            description=(
+                "Least held-out accuracy on its own task that a project-built teacher's report "
+                "may show (measured through the agent loop when it was built)."
+            ),
+        ),
+        "require_skilled_teachers": Param(
+            False,
+            type="boolean",
+            title="Require skilled teachers",
+            description="A teacher below the floor fails the run (otherwise: a warning).",
+        ),
         "run_root": _run_root(),
     }
 

@@ -293,7 +293,7 @@ def publish(
 
 def load_validation(context: Context, *, project_dir: Path) -> dict[str, Any]:
     """Resolve the Params and load the config; an unloadable config fails here, listing all."""
-    from dressage.launch.preflight import load_config
+    from dressage.launch.preflight import DEFAULT_SKILL_FLOOR, load_config
 
     params = context["params"]
     config_path = str(resolve_path(str(params["mopd_config"]), project_dir))
@@ -306,6 +306,8 @@ def load_validation(context: Context, *, project_dir: Path) -> dict[str, Any]:
         "config": config_path,
         "student": student,
         "objective": params["objective"],
+        "teacher_skill_floor": float(params.get("teacher_skill_floor", DEFAULT_SKILL_FLOOR)),
+        "require_skilled_teachers": bool(params.get("require_skilled_teachers", False)),
         "report_path": str(run_dir / "report.json"),
     }
     config, problems = load_config(config_path)
@@ -329,14 +331,29 @@ def check_routes(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_checkpoints(spec: Mapping[str, Any]) -> dict[str, Any]:
-    from dressage.launch.preflight import checkpoint_problems, load_config
+    from dressage.launch.preflight import (
+        DEFAULT_SKILL_FLOOR,
+        checkpoint_problems,
+        load_config,
+        skill_findings,
+    )
 
     config, _ = load_config(str(spec["config"]))
     assert config is not None
     problems, vocab = checkpoint_problems(
         config, student=spec.get("student"), objective=spec["objective"]
     )
-    return {"problems": _problems(problems), "vocab_size": vocab}
+    skill_problems, warnings = skill_findings(
+        config,
+        objective=spec["objective"],
+        floor=float(spec.get("teacher_skill_floor", DEFAULT_SKILL_FLOOR)),
+        required=bool(spec.get("require_skilled_teachers", False)),
+    )
+    return {
+        "problems": _problems(problems + skill_problems),
+        "warnings": _problems(warnings),
+        "vocab_size": vocab,
+    }
 
 
 def validation_verdict(
@@ -348,7 +365,7 @@ def validation_verdict(
         **spec,
         "ok": not problems,
         "problems": problems,
-        "warnings": routes["warnings"],
+        "warnings": [*routes["warnings"], *checkpoints.get("warnings", [])],
         "vocab_size": checkpoints.get("vocab_size"),
     }
     path = _write_json(Path(spec["report_path"]), report)

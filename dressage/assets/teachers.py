@@ -21,8 +21,12 @@ weights. The base defaults to the student's seed: teachers that specialise the s
 initialisation are what MOPD can reach on-policy (a teacher from another random init shares no
 embedding geometry with the student, and the student's samples say little about it).
 
-The folder holds the model, the tokenizer and ``sft_report.json``: the loss of every step and
-the mean log-prob of the answer tokens on held-out instances, for the base and the teacher.
+The folder holds the model, the tokenizer and ``sft_report.json``: the loss of every step, the
+mean log-prob of the answer tokens on held-out instances for the base and the teacher, and
+``agent_accuracy``: the share of held-out instances of every task the teacher solves through the
+real agent loop (the embedded engine serving it, the recording proxy, the tool agent, the task's
+tools and exact-match reward, greedy; :data:`AGENT_EVAL`). ``dressage_validate`` compares the
+accuracy on a teacher's own task with a floor.
 """
 
 from __future__ import annotations
@@ -56,10 +60,17 @@ __all__ = [
 ]
 
 SPEC_PREFIX = "tiny-sft:"
-_RECIPE_VERSION = 1
+_RECIPE_VERSION = 2
 _TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "added_tokens")
 HELDOUT_SEED = 10_000
 """``data_seed`` offset of the held-out instances in the report (never trained on)."""
+AGENT_EVAL: dict[str, Any] = {
+    "items_per_task": 16,
+    "max_turns": 2,
+    "max_tokens": 64,
+    "decoding": "greedy",
+}
+"""How ``sft_report.json``'s ``agent_accuracy`` is measured (:mod:`dressage.agents.evaluate`)."""
 
 
 @dataclass(frozen=True)
@@ -309,8 +320,30 @@ def _build(spec: TinyTeacherSpec, base_dir: Path, out: Path) -> None:
         "losses": losses,
         "heldout_answer_log_prob": {"base": before, "teacher": after},
         "train_tokens_per_transcript": sum(sum(t.loss_mask) for t in data) / len(data),
+        **_agent_accuracy(out, seed=spec.data_seed + HELDOUT_SEED),
     }
     (out / "sft_report.json").write_text(json.dumps(report, indent=1))
+
+
+def _agent_accuracy(model_dir: Path, *, seed: int) -> dict[str, Any]:
+    """Held-out accuracy on every task through the agent loop (engine, proxy, tools, reward)."""
+    from dressage.agents.evaluate import EvalItem, checkpoint_accuracy
+    from dressage.agents.tasks import TASKS, make_instances
+
+    items = [
+        EvalItem(i.task, i.prompt, i.label)
+        for task in TASKS
+        for i in make_instances(task, AGENT_EVAL["items_per_task"], seed=seed)
+    ]
+    measured = checkpoint_accuracy(
+        model_dir,
+        items,
+        max_turns=AGENT_EVAL["max_turns"],
+        max_tokens=AGENT_EVAL["max_tokens"],
+    )
+    if any(measured.errors.values()):
+        raise RuntimeError(f"{model_dir}: the agent loop failed: {measured.first_errors}")
+    return {"agent_accuracy": measured.accuracy, "agent_eval": {**AGENT_EVAL, "seed": seed}}
 
 
 def _spec_dict(spec: TinyTeacherSpec) -> dict[str, Any]:
@@ -347,10 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         path = tiny_teacher_dir(spec)
         report = json.loads((path / "sft_report.json").read_text())
         losses, heldout = report["losses"], report["heldout_answer_log_prob"]
+        accuracy = ", ".join(f"{t} {a:.0%}" for t, a in report["agent_accuracy"].items())
         print(
             f"{spec.task}: {path}\n  loss {losses[0]:.3f} -> {losses[-1]:.3f} over "
             f"{len(losses)} steps; held-out answer log-prob/token {heldout['base']:.3f} (base) "
-            f"-> {heldout['teacher']:.3f} (teacher)"
+            f"-> {heldout['teacher']:.3f} (teacher); agent-loop accuracy {accuracy}"
         )
     return 0
 

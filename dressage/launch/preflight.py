@@ -23,6 +23,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from dressage.config.mopd import (
@@ -37,10 +38,13 @@ from dressage.config.mopd import (
 
 __all__ = [
     "PreflightReport",
+    "DEFAULT_SKILL_FLOOR",
     "checkpoint_problems",
     "load_config",
     "preflight",
     "route_problems",
+    "skill_findings",
+    "teacher_skill_problems",
 ]
 
 Objective = Literal["mopd", "grpo"]
@@ -139,12 +143,71 @@ def checkpoint_problems(
     return problems, size
 
 
+DEFAULT_SKILL_FLOOR = 0.9
+"""Least held-out accuracy on its own task a teacher's ``sft_report.json`` may record."""
+
+
+def teacher_skill_problems(
+    config: MopdConfig, *, floor: float = DEFAULT_SKILL_FLOOR
+) -> list[Problem]:
+    """Teachers whose measured accuracy on a task routed to them is below ``floor``.
+
+    The measurement is the one a project-built teacher carries (``sft_report.json``'s
+    ``agent_accuracy``, taken through the agent loop when it was built); a teacher without one
+    (any other checkpoint) is not measured here, and nothing is run to measure it. The caller
+    reports the result as warnings, or as problems when skilled teachers are required.
+    """
+    out: list[Problem] = []
+    for tid, teacher in config.teachers.items():
+        tasks = sorted({ds.task for ds in config.datasets if ds.teacher_id == tid and ds.task})
+        report_path = Path(teacher.load) / "sft_report.json"
+        if not tasks or not report_path.is_file():
+            continue
+        try:
+            measured = json.loads(report_path.read_text()).get("agent_accuracy")
+        except (OSError, ValueError) as exc:
+            out.append(Problem(f"teacher {tid!r}", f"{report_path} is unreadable: {exc}"))
+            continue
+        if not isinstance(measured, dict):
+            out.append(Problem(f"teacher {tid!r}", f"{report_path} records no agent_accuracy"))
+            continue
+        for task in tasks:
+            value = measured.get(task)
+            if not isinstance(value, int | float):
+                out.append(Problem(f"teacher {tid!r}", f"no measured accuracy on {task!r}"))
+            elif value < floor:
+                out.append(
+                    Problem(
+                        f"teacher {tid!r}",
+                        f"solves {value:.0%} of held-out {task!r} instances through the agent "
+                        f"loop, below the floor of {floor:.0%} ({report_path})",
+                    )
+                )
+    return out
+
+
+def skill_findings(
+    config: MopdConfig, *, objective: Objective, floor: float, required: bool
+) -> tuple[list[Problem], list[Problem]]:
+    """(problems, warnings) of :func:`teacher_skill_problems` for a MOPD run (GRPO uses no
+    teachers): problems when skilled teachers are ``required``, else warnings."""
+    if objective != "mopd":
+        return [], []
+    try:
+        found = teacher_skill_problems(config.materialize(), floor=floor)
+    except (ValueError, OSError):  # checkpoint_problems reports an unresolvable checkpoint
+        return [], []
+    return (found, []) if required else ([], found)
+
+
 def preflight(
     config_path: str,
     *,
     objective: Objective = "mopd",
     student: str | None = None,
     environ: Mapping[str, str] | None = None,
+    skill_floor: float = DEFAULT_SKILL_FLOOR,
+    require_skilled_teachers: bool = False,
 ) -> PreflightReport:
     report = PreflightReport(config=config_path, objective=objective)
     config, report.problems = load_config(config_path)
@@ -160,8 +223,11 @@ def preflight(
     ckpt_problems, report.vocab_size = checkpoint_problems(
         config, student=student, objective=objective
     )
-    report.problems = problems + ckpt_problems
-    report.warnings = warnings
+    skill_problems, skill_warnings = skill_findings(
+        config, objective=objective, floor=skill_floor, required=require_skilled_teachers
+    )
+    report.problems = problems + ckpt_problems + skill_problems
+    report.warnings = warnings + skill_warnings
     return report
 
 
@@ -170,8 +236,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("config")
     parser.add_argument("--student", default=None)
     parser.add_argument("--objective", choices=["mopd", "grpo"], default="mopd")
+    parser.add_argument(
+        "--teacher-skill-floor",
+        type=float,
+        default=DEFAULT_SKILL_FLOOR,
+        help="least own-task accuracy a teacher's sft_report.json may record",
+    )
+    parser.add_argument(
+        "--require-skilled-teachers",
+        action="store_true",
+        help="a teacher below the floor is a problem (default: a warning)",
+    )
     args = parser.parse_args(argv)
-    report = preflight(args.config, objective=args.objective, student=args.student)
+    report = preflight(
+        args.config,
+        objective=args.objective,
+        student=args.student,
+        skill_floor=args.teacher_skill_floor,
+        require_skilled_teachers=args.require_skilled_teachers,
+    )
     print(json.dumps(report.to_dict(), indent=2, default=str))
     return 0 if report.ok else 1
 

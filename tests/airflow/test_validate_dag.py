@@ -85,3 +85,29 @@ def test_a_dataset_without_its_teacher_fails_at_load(airflow_db: None, tmp_path:
     messages = {p["subject"]: p["message"] for p in report["problems"]}
     assert "teacher_id 'retrieval' is not a teacher" in messages["dataset 'lookup'"]
     assert "weight must be > 0" in messages["dataset 'calculator'"]
+
+
+def test_unskilled_teachers_warn_and_fail_when_skill_is_required(
+    airflow_db: None, tmp_path: Path
+) -> None:
+    from dressage.config.mopd import load_mopd_config
+
+    teachers = load_mopd_config(EMBEDDED).materialize().teachers
+    measured = {
+        tid: json.loads((Path(t.load) / "sft_report.json").read_text())["agent_accuracy"][tid]
+        for tid, t in teachers.items()
+    }
+    floor = min(1.0, max(measured.values()) + 0.01)  # above what both teachers recorded
+    conf = {"mopd_config": str(EMBEDDED), "teacher_skill_floor": floor}
+    for required, state in ((False, "success"), (True, "failed")):
+        root = tmp_path / f"required-{required}"
+        run = harness.run_dag(
+            "dressage_validate",
+            {**conf, "require_skilled_teachers": required, "run_root": str(root)},
+        )
+        assert run.state == state, harness.states(run)
+        (path,) = (root / "dressage_validate").glob("*/report.json")
+        report = json.loads(path.read_text())
+        found = report["problems"] if required else report["warnings"]
+        subjects = {f["subject"] for f in found if "below the floor" in f["message"]}
+        assert subjects == {f"teacher {tid!r}" for tid in teachers}, report

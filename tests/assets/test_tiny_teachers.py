@@ -142,6 +142,10 @@ def test_builds_are_deterministic_and_cached(
     assert tiny_teacher_dir(TinyTeacherSpec(task="lookup", steps=4, examples=4)) != folders[1]
     report = json.loads((folders[0] / "sft_report.json").read_text())
     assert len(report["losses"]) == 3 and report["spec"]["task"] == "lookup"
+    # measured through the agent loop on both tasks, as sft_report.json promises
+    assert set(report["agent_accuracy"]) == {"calculator", "lookup"}
+    assert all(0.0 <= a <= 1.0 for a in report["agent_accuracy"].values())
+    assert report["agent_eval"]["items_per_task"] == 16
     assert (folders[0] / "tokenizer.json").is_file() and (
         folders[0] / "chat_template.jinja"
     ).exists()
