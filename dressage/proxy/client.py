@@ -22,7 +22,7 @@ header.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
@@ -62,6 +62,8 @@ class Trajectory:
     status: str
     steps: list[StepRecord]
     segments: list[Segment]
+    damage: list[dict[str, Any]] = field(default_factory=list)
+    """What the proxy's store lost of the session (``Damage.to_dict()`` entries)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ def _trajectory(data: dict[str, Any]) -> Trajectory:
         status=data["status"],
         steps=[StepRecord.from_dict(s) for s in data["steps"]],
         segments=_segments(data),
+        damage=list(data.get("damage") or []),
     )
 
 

@@ -435,6 +435,8 @@ def _add_sessions(app: FastAPI, manager: SessionManager, auth: _Auth, config: Pr
                     "replayed_records": store.report.records,
                     "skipped_corrupt": store.report.skipped_corrupt,
                     "torn_tail_bytes": store.report.torn_tail_bytes,
+                    "unattributed": store.report.unattributed,
+                    "damaged_sessions": store.damaged_sessions,
                 },
                 "uptime_s": round(time.time() - app.state.started, 3),
                 "rss_bytes": _rss_bytes(),

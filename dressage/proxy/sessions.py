@@ -519,18 +519,14 @@ class SessionManager:
         return record.num_steps if record is not None else 0
 
     def trajectory(self, session_id: str) -> dict[str, Any]:
-        """Status, steps and (closed or final) segments, as plain dicts."""
-        record = self.store.sessions.get(session_id)
-        if record is None:
-            if session_id in self._open:
-                return {"session_id": session_id, "status": "open", "steps": [], "segments": []}
-            raise SessionNotFound(f"session {session_id} is unknown")
-        return {
-            "session_id": session_id,
-            "status": record.status,
-            "steps": [s.to_dict() for s in self.store.read_steps(session_id)],
-            "segments": [s.to_dict() for s in self.store.segments(session_id)],
-        }
+        """Status, steps, (closed or final) segments and what the store lost of them, as plain
+        dicts (:meth:`TrajectoryStore.trajectory`)."""
+        if session_id in self.store.sessions:
+            return self.store.trajectory(session_id)
+        if session_id in self._open:  # no call recorded yet
+            empty: dict[str, Any] = {"steps": [], "segments": [], "damage": []}
+            return {"session_id": session_id, "status": "open", **empty}
+        raise SessionNotFound(f"session {session_id} is unknown")
 
     def session_stats(self, session_id: str) -> dict[str, Any]:
         record = self.store.sessions.get(session_id)

@@ -7,8 +7,10 @@
     store.steps_table(); store.segments_table()             # canonical Arrow (dressage.schemas)
 
 Format: ``<dir>/trajectory.log``, one record a line, ``<crc32 of the JSON, 8 hex> <JSON>\\n``
-(JSON never holds a raw newline), so ``cut -c10- trajectory.log | jq`` reads it. Record kinds,
-field ``t``:
+(JSON never holds a raw newline), so ``cut -c10- trajectory.log | jq`` reads it. Each record
+starts with its identity (kind, session, and a step's indices), a checksum of that identity and
+the identity of the line before it, and ends with its identity again
+(:mod:`~dressage.proxy.store_format`). Record kinds, field ``t``:
 
 - ``step``: a :class:`~dressage.trajectory.StepRecord` (its ``to_dict()``). The first step of a
   segment carries ``extra["segment"]``: the config flags, tools and template kwargs it was built
@@ -33,94 +35,67 @@ and after a restart. A segment followed by another one ended at a boundary (fini
 Durability: every append is one ``write(2)`` to the log before the call returns, so an
 acknowledged step survives ``kill -9`` of the proxy (the OS holds it). With ``fsync=True``
 appends also wait for ``fdatasync`` (group commit: concurrent appends share one sync), which
-survives power loss. On open the log is replayed; a torn last record (a crash mid-write: no
-newline, or a bad checksum) is reported and cut off; a damaged record in the middle is skipped and
-counted. Only one process may open a store (an exclusive lock on ``<dir>/LOCK``, released by
-the OS on a crash).
+survives power loss. On open the log is replayed. Only one process may open a store (an
+exclusive lock on ``<dir>/LOCK``, released by the OS on a crash).
+
+Damage (a line that fails its checksum: a flipped byte, a torn write, garbage) costs at most
+the damaged record's own session, from that record on; every other session reads back exactly
+as it was written, and no read or export raises:
+
+- whose record a damaged line held is told by the line after it (its ``prev``, which reads
+  back), else by the line itself (a copy of its identity that the identity checksum confirms, or
+  both copies agreeing: one flipped byte never hides it; a torn write keeps the head). A line
+  that is two whole records whose line end was damaged, or a last record that lost only its
+  line end, reads back whole (``ReplayReport.repaired``). A step index missing from a session's
+  steps is charged to that session too (logs written before the identity fields rely on it);
+- the session is charged (``SessionRecord.damage``: what was lost, where, how it is known; the
+  trajectory export lists it under ``damage``). A lost ``step`` marks its segment from that step
+  on: the segment keeps the steps before it, ``extra_info["no_grad_reason"]`` (``store_damaged:
+  ...``, so the sample converter zeroes its loss mask) and ``extra_info["store_damage"]``; a last
+  segment whose end is lost finishes ``abort``; the session's other segments are unchanged
+  (:mod:`~dressage.proxy.store_segments`). A segment of which nothing reads back stays as an
+  empty marked one, so the indices stay whole (the converter refuses an empty segment: the
+  rollout retries that trajectory). A lost ``finalized`` or ``discarded`` still closes the
+  session, a lost ``no_grad`` marks the whole trajectory, a lost ``options`` keeps the flag;
+- a damaged line that names no session is skipped and counted (``ReplayReport.unattributed``);
+  at the end of the log such lines are cut (a torn tail: a write cut short by a crash, or
+  garbage), and whether they held an acknowledged record is not known;
+- damaged lines stay in the log (except a cut tail), so every restart tells the same story.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
-import logging
 import os
-import zlib
-from array import array
 from collections.abc import Awaitable, Generator, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 
-from dressage.rollout.artifacts.samples import version_metadata
-from dressage.rollout.sample_meta import NO_GRAD_REASON
+from dressage.proxy.store_format import FORMAT_FIELDS, decode, encode, identity
+from dressage.proxy.store_index import SessionIndex, SessionRecord, SessionStatus
+from dressage.proxy.store_replay import ReplayReport, replay
+from dressage.proxy.store_segments import Damage, build_segments
 from dressage.schemas import segments_to_table, steps_to_table
-from dressage.trajectory import FinishReason, Segment, StepRecord
+from dressage.trajectory import Segment, StepRecord
 
-__all__ = ["ReplayReport", "SessionRecord", "StoreError", "TrajectoryStore"]
-
-log = logging.getLogger(__name__)
+__all__ = [
+    "LOG_NAME",
+    "Damage",
+    "ReplayReport",
+    "SessionRecord",
+    "SessionStatus",
+    "StoreError",
+    "TrajectoryStore",
+]
 
 LOG_NAME = "trajectory.log"
-SessionStatus = Literal["open", "finalized", "discarded"]
 
 
 class StoreError(RuntimeError):
     """The store cannot be opened or written; the message names the path and the session."""
-
-
-@dataclass
-class SessionRecord:
-    """What the store knows of one session (small: record positions, not records)."""
-
-    session_id: str
-    status: SessionStatus = "open"
-    offsets: array[int] = field(default_factory=lambda: array("q"))
-    lengths: array[int] = field(default_factory=lambda: array("i"))
-    """Position and length of each ``step`` record, in step order."""
-    boundaries: dict[str, int] | None = None
-    """How many segments each boundary reason opened."""
-    next_step_index: int = 0
-    last_segment_index: int = -1
-    """Segment of the last step (-1: no step yet)."""
-    tokens: int = 0
-    no_grad_reason: str | None = None
-    """Set by a ``no_grad`` record: why the trajectory trains nothing."""
-    partial_rollout: bool = False
-    """Set by an ``options`` record: the session's calls keep partial output across pauses."""
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.offsets)
-
-
-@dataclass(frozen=True)
-class ReplayReport:
-    records: int
-    skipped_corrupt: int
-    torn_tail_bytes: int
-
-
-def _encode(record: dict[str, Any]) -> bytes:
-    payload = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode()
-    return b"%08x " % zlib.crc32(payload) + payload + b"\n"
-
-
-def _decode(line: bytes) -> dict[str, Any] | None:
-    """The record of one line (without its newline), or None if its checksum fails."""
-    if len(line) < 10 or line[8:9] != b" ":
-        return None
-    payload = line[9:]
-    try:
-        if int(line[:8], 16) != zlib.crc32(payload):
-            return None
-        record = json.loads(payload)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 class TrajectoryStore:
@@ -129,7 +104,6 @@ class TrajectoryStore:
     def __init__(self, directory: Path, *, fsync: bool = False) -> None:
         self.directory = Path(directory)
         self.fsync = fsync
-        self.sessions: dict[str, SessionRecord] = {}
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -144,7 +118,9 @@ class TrajectoryStore:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         if created and fsync:
             _fsync_dir(self.directory)
-        self.report = self._replay()
+        self.sessions = SessionIndex(self.path)
+        # _prev: identity of the log's last line, which the next record names
+        self.report, self._prev = replay(self.path, self._fd, self.sessions, fsync=fsync)
         self._size = os.fstat(self._fd).st_size
         self._written = 0
         self._synced = 0
@@ -154,70 +130,11 @@ class TrajectoryStore:
     def open(cls, directory: str | Path, *, fsync: bool = False) -> TrajectoryStore:
         return cls(Path(directory), fsync=fsync)
 
-    # ------------------------------------------------------------------------------ replay
-    def _replay(self) -> ReplayReport:
-        records = corrupt = 0
-        offset = 0
-        good_end = 0  # end of the last record that read back: anything after it is a torn tail
-        with open(self.path, "rb") as f:
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break
-                record = _decode(line[:-1])
-                if record is None:
-                    corrupt += 1
-                    log.warning("store %s: damaged record at byte %d", self.path, offset)
-                else:
-                    self._apply(record, offset, len(line))
-                    records += 1
-                    good_end = offset + len(line)
-                offset += len(line)
-        size = os.fstat(self._fd).st_size
-        torn = size - good_end
-        if torn:
-            corrupt -= sum(1 for _ in _lines_between(self.path, good_end, offset))
-            log.warning(
-                "store %s: cutting a torn tail (%d bytes at %d): it was never acknowledged",
-                self.path, torn, good_end,
-            )  # fmt: skip
-            os.ftruncate(self._fd, good_end)
-        return ReplayReport(records=records, skipped_corrupt=corrupt, torn_tail_bytes=torn)
-
-    def _session(self, session_id: str) -> SessionRecord:
-        record = self.sessions.get(session_id)
-        if record is None:
-            record = self.sessions[session_id] = SessionRecord(session_id)
-        return record
-
-    def _apply(self, record: dict[str, Any], offset: int, length: int) -> None:
-        kind = record.get("t")
-        session = self._session(str(record.get("session_id")))
-        if kind == "step":
-            session.offsets.append(offset)
-            session.lengths.append(length)
-            session.next_step_index = max(session.next_step_index, int(record["step_index"]) + 1)
-            session.last_segment_index = int(record["segment_index"])
-            session.tokens += len(record["prompt_delta_ids"]) + len(record["output_ids"])
-            reason = record.get("boundary_reason")
-            if reason:
-                session.boundaries = session.boundaries or {}
-                session.boundaries[reason] = session.boundaries.get(reason, 0) + 1
-        elif kind == "finalized":
-            session.status = "finalized"
-        elif kind == "discarded":
-            session.status = "discarded"
-        elif kind == "no_grad":
-            session.no_grad_reason = str(record.get("reason") or "unknown")
-        elif kind == "options":
-            session.partial_rollout = bool(record.get("partial_rollout"))
-        else:
-            log.warning("store %s: unknown record kind %r at byte %d", self.path, kind, offset)
-
     # ------------------------------------------------------------------------------ appends
     def _write(self, record: dict[str, Any]) -> Awaitable[None]:
         """Write the record now (one ``write(2)``: it survives a crash of this process from here
         on); the returned awaitable completes when it is durable in the configured sense."""
-        data = _encode(record)
+        data = encode(record, self._prev)
         offset = self._size
         try:
             written = os.write(self._fd, data)
@@ -231,7 +148,8 @@ class TrajectoryStore:
                 f"{record.get('session_id')}: {exc}"
             ) from exc
         self._size += len(data)
-        self._apply(record, offset, len(data))
+        self._prev = identity(record)
+        self.sessions.apply(record, offset, len(data))
         if not self.fsync:
             return _DONE
         self._written += 1
@@ -276,7 +194,7 @@ class TrajectoryStore:
     async def finalize(self, session_id: str) -> list[Segment]:
         """Close the session; its last segment ends with its last step's finish reason.
         Finalizing again returns the same segments (nothing new is written)."""
-        session = self._session(session_id)
+        session = self.sessions.record(session_id)
         if session.status == "discarded":
             raise StoreError(f"session {session_id} was discarded; it cannot be finalized")
         if session.status == "open":
@@ -285,7 +203,7 @@ class TrajectoryStore:
 
     async def mark_no_grad(self, session_id: str, reason: str) -> None:
         """Mark an open session's trajectory to train nothing (the first reason is kept)."""
-        session = self._session(session_id)
+        session = self.sessions.record(session_id)
         if session.status != "open" or session.no_grad_reason is not None:
             return
         await self._append({"t": "no_grad", "session_id": session_id, "reason": reason})
@@ -305,7 +223,7 @@ class TrajectoryStore:
         await self._append(record)
 
     async def discard(self, session_id: str) -> None:
-        if self._session(session_id).status == "open":
+        if self.sessions.record(session_id).status == "open":
             await self._append({"t": "discarded", "session_id": session_id})
 
     # ------------------------------------------------------------------------------ reads
@@ -316,18 +234,18 @@ class TrajectoryStore:
         return session
 
     def read_steps(self, session_id: str) -> list[StepRecord]:
-        """The session's steps, read back from the log, in step order."""
+        """The session's steps that read back from the log, in step order (one that no longer
+        does is charged to the session, as on replay)."""
         session = self._known(session_id)
         steps = []
-        for offset, length in zip(session.offsets, session.lengths, strict=True):
-            line = os.pread(self._fd, length, offset)
-            record = _decode(line[:-1])
+        for k, (offset, length) in enumerate(zip(session.offsets, session.lengths, strict=True)):
+            record = decode(os.pread(self._fd, length, offset)[:-1])
             if record is None:
-                raise StoreError(
-                    f"store {self.path}: the step record of session {session_id} at byte "
-                    f"{offset} no longer reads back"
-                )
-            record.pop("t")
+                ident = ("step", session_id, session.step_indices[k], session.segment_indices[k])
+                self.sessions.charge(ident, "read_back", offset, length)
+                continue
+            for name in FORMAT_FIELDS:
+                record.pop(name, None)
             steps.append(StepRecord.from_dict(record))
         return steps
 
@@ -337,49 +255,36 @@ class TrajectoryStore:
         A segment followed by another one ended at a boundary: finish reason
         ``segment_boundary``, ``extra_info["boundary_reason"]`` from the next segment's first
         step. The last segment of a finalized session ends with its last step's finish reason.
+        What the log lost is marked (the module docstring).
+        """
+        return self._segments(self._known(session_id), self.read_steps(session_id))
+
+    def _segments(self, session: SessionRecord, steps: list[StepRecord]) -> list[Segment]:
+        return build_segments(
+            steps,
+            session_id=session.session_id,
+            finalized=session.status == "finalized",
+            last_segment_index=session.last_segment_index,
+            no_grad_reason=session.no_grad_reason,
+            damage=session.damage or [],
+        )
+
+    def trajectory(self, session_id: str) -> dict[str, Any]:
+        """Status, steps, (closed or final) segments and damage, as plain dicts.
+
+        Raises:
+            KeyError: the store has no record of the session.
         """
         session = self._known(session_id)
-        by_segment: dict[int, list[StepRecord]] = {}
-        for step in self.read_steps(session_id):
-            by_segment.setdefault(step.segment_index, []).append(step)
-        indices = sorted(by_segment)
-        out = []
-        for k, index in enumerate(indices):
-            steps = by_segment[index]
-            head = steps[0].extra.get("segment", {})
-            info: dict[str, Any] = dict(head.get("flags", {}))
-            info["num_steps"] = len(steps)
-            if k + 1 < len(indices):
-                following = by_segment[indices[k + 1]][0]
-                finish = FinishReason.SEGMENT_BOUNDARY.value
-                info["boundary_reason"] = following.boundary_reason or "unknown"
-                info["boundary_detail"] = following.extra.get("boundary_detail", "")
-                info["last_finish_reason"] = steps[-1].finish_reason
-            elif session.status == "finalized":
-                finish = steps[-1].finish_reason
-            else:
-                continue  # the open segment
-            record_versions = bool(
-                info.get("record_token_versions", True) or info.get("mask_nonlast_version_tokens")
-            )
-            pauses = sum(int(step.extra.get("pauses", 0)) for step in steps)
-            if pauses:
-                info["pauses"] = pauses
-            if session.no_grad_reason is not None:
-                info[NO_GRAD_REASON] = session.no_grad_reason
-            segment = Segment.from_steps(
-                steps,
-                messages=[m for step in steps for m in step.messages],
-                finish_reason=finish,
-                extra_info=info,
-                record_versions=record_versions,
-            )
-            if segment.full_versions is not None:
-                segment.extra_info["version_spans"] = version_metadata(segment.full_versions)[0][
-                    "version_spans"
-                ]
-            out.append(segment)
-        return out
+        steps = self.read_steps(session_id)
+        segments = self._segments(session, steps)
+        return {
+            "session_id": session_id,
+            "status": session.status,
+            "steps": [s.to_dict() for s in steps],
+            "segments": [s.to_dict() for s in segments],
+            "damage": [d.to_dict() for d in session.damage or []],
+        }
 
     def _exportable(self, session_ids: Iterable[str] | None, statuses: set[str]) -> list[str]:
         ids = list(self.sessions) if session_ids is None else list(session_ids)
@@ -400,6 +305,11 @@ class TrajectoryStore:
     def size_bytes(self) -> int:
         return self._size
 
+    @property
+    def damaged_sessions(self) -> int:
+        """Sessions charged with a record the log lost."""
+        return sum(1 for session in self.sessions.values() if session.damage)
+
     def close(self) -> None:
         for fd in (self._fd, self._lock_fd):
             try:
@@ -418,12 +328,6 @@ class _Done:
 
 
 _DONE = _Done()
-
-
-def _lines_between(path: Path, start: int, end: int) -> list[bytes]:
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(end - start).splitlines()
 
 
 def _fsync_dir(directory: Path) -> None:

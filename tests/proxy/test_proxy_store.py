@@ -115,7 +115,7 @@ def test_a_torn_last_record_is_cut_and_appends_continue(tmp_path: Path) -> None:
     store.close()
 
 
-def test_a_damaged_record_in_the_middle_is_skipped_and_counted(tmp_path: Path) -> None:
+def test_a_damaged_record_in_the_middle_is_skipped_counted_and_charged(tmp_path: Path) -> None:
     store = TrajectoryStore.open(tmp_path)
     asyncio.run(store.append_step(_step("a", 0, 0, 0)))
     asyncio.run(store.append_step(_step("b", 0, 0, 0)))
@@ -126,7 +126,10 @@ def test_a_damaged_record_in_the_middle_is_skipped_and_counted(tmp_path: Path) -
     log.write_bytes(damaged + lines[1])
     store = TrajectoryStore.open(tmp_path)
     assert store.report.skipped_corrupt == 1 and store.report.records == 1
-    assert "a" not in store.sessions and store.sessions["b"].num_steps == 1
+    assert store.sessions["a"].num_steps == 0 and store.sessions["b"].num_steps == 1
+    (damage,) = store.sessions["a"].damage or []  # charged: the record after it names it
+    assert (damage.record, damage.step_index, damage.known_from) == ("step", 0, "next_record")
+    assert store.sessions["b"].damage is None
     store.close()
 
 
