@@ -12,7 +12,7 @@ An agent points its OpenAI base URL at ``http://HOST:PORT/sessions/<session_id>/
     POST /v1/sessions/{id}/open  {"partial_rollout"} -> {"session_id", "status", ...}    (admin)
     POST /v1/sessions/{id}/finalize     -> {"session_id", "segments": [Segment dicts]}  (admin)
     POST /v1/sessions/{id}/discard      -> {"session_id", "discarded": true, "steps"}    (admin)
-    GET  /v1/sessions/{id}/trajectory   -> {"status", "steps", "segments"}               (admin)
+    GET  /v1/sessions/{id}/trajectory   -> {"status", "steps", "segments", "damage"}     (admin)
     GET  /v1/sessions/{id}/stats, GET /v1/stats                                          (admin)
     POST /v1/rollout/pause   {"reason", "mode", "timeout_seconds"} -> the pause report    (admin)
     POST /v1/rollout/resume  {"version", "reason"}                -> the resume report   (admin)
