@@ -19,3 +19,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+ENGINE_KEY = "engine-control-key-for-tests"
+"""The control key of the test engines that tests pause, abort or update (loopback only)."""
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}

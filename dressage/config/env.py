@@ -32,6 +32,17 @@ _DECLARED = [
     ),
     EnvVar("DRESSAGE_PROXY_API_KEY", None, "API key the proxy requires on chat endpoints."),
     EnvVar(
+        "DRESSAGE_ENGINE_ADMIN_KEY",
+        None,
+        "Key of the embedded engine's control routes (pause, abort, weight updates); the engine "
+        "needs one to start, and the proxy and the training job send it.",
+    ),
+    EnvVar(
+        "DRESSAGE_ENGINE_API_KEY",
+        None,
+        "Key the embedded engine requires on every route but health (SGLang's --api-key).",
+    ),
+    EnvVar(
         "DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC",
         "300",
         "A rollout pause that is never resumed ends by itself after this many seconds.",
@@ -81,6 +92,18 @@ def _raw(name: str) -> str | None:
 
 def env_str(name: str) -> str | None:
     return _raw(name)
+
+
+def env_secret(name: str) -> str | None:
+    """A key: None when unset. Set but empty (what an unset ``$KEY`` expands to in a shell) is an
+    error, not "no key": read as unset, it would leave open what the key was meant to close."""
+    _raw(name)  # refuses undeclared names
+    value = os.environ.get(name)
+    if value is not None and not value.strip():
+        raise ValueError(
+            f"{name} is set but empty: give it a key, or unset it (an empty key is not 'no key')"
+        )
+    return value
 
 
 def env_int(name: str) -> int | None:

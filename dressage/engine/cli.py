@@ -1,11 +1,19 @@
 """``dressage engine serve``: run the embedded SGLang-compatible engine.
 
-    dressage engine serve --model PATH [--tokenizer PATH] [--host 127.0.0.1] [--port 30000]
-        [--device auto|cpu|cuda] [--weight-version default] [--api-key KEY]
+    DRESSAGE_ENGINE_ADMIN_KEY=KEY dressage engine serve --model PATH [--tokenizer PATH]
+        [--host 127.0.0.1] [--port 30000] [--device auto|cpu|cuda] [--weight-version default]
 
 ``--port 0`` picks a free port. Once the engine accepts requests it prints one line,
 ``DRESSAGE_ENGINE_URL=http://HOST:PORT``, which :func:`dressage.engine.testing.serve_engine`
 (subprocess mode) and scripts can wait for.
+
+Keys come from the environment: ``DRESSAGE_ENGINE_ADMIN_KEY`` guards the control routes (pause,
+abort, weight updates; the proxy and the training job read the same variable), and
+``DRESSAGE_ENGINE_API_KEY``, when set, every route but health. SGLang's ``--admin-api-key`` and
+``--api-key`` flags are accepted too and win over the variables, but a flag shows the key to
+anyone who can list processes. Without a control key the engine refuses to start (exit 2),
+unlike SGLang, whose control routes are open by default; ``--open-control-routes`` serves them
+without one, on a loopback host only. A variable that is set but empty is an error, not "no key".
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from dressage.engine.config import EngineConfig
+from dressage.config.env import env_secret
+from dressage.engine.config import ADMIN_KEY_ENV, API_KEY_ENV, EngineConfig
 
 READY_PREFIX = "DRESSAGE_ENGINE_URL="
 
@@ -31,8 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--weight-version", default="default")
-    p.add_argument("--api-key")
-    p.add_argument("--admin-api-key")
+    p.add_argument("--api-key", help=f"key of every route but health (prefer {API_KEY_ENV})")
+    p.add_argument("--admin-api-key", help=f"key of the control routes (prefer {ADMIN_KEY_ENV})")
+    p.add_argument(
+        "--open-control-routes",
+        action="store_true",
+        help="serve pause, abort and weight updates without a key (loopback only; for tests)",
+    )
     p.add_argument("--served-model-name")
     p.add_argument("--context-length", type=int)
     p.add_argument("--max-running-requests", type=int)
@@ -47,8 +61,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: Sequence[str]) -> tuple[EngineConfig, str]:
+    """Flags over ``DRESSAGE_ENGINE_*`` keys; ValueError for settings that cannot run."""
     args = vars(_parser().parse_args(list(argv)))
     log_level = args.pop("log_level")
+    for field, env_name in (("api_key", API_KEY_ENV), ("admin_api_key", ADMIN_KEY_ENV)):
+        if args[field] is None:
+            args[field] = env_secret(env_name)
     return EngineConfig(**args), log_level
 
 
@@ -58,7 +76,11 @@ def serve_main(argv: Sequence[str]) -> int:
 
     from dressage.engine.server import create_app
 
-    config, log_level = config_from_args(argv)
+    try:
+        config, log_level = config_from_args(argv)
+    except ValueError as exc:  # before the model loads: a refusal costs nothing
+        print(f"dressage engine serve: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

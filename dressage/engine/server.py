@@ -5,6 +5,13 @@
 
 or ``dressage engine serve --model PATH``. Routes only parse bodies, call the service and shape
 replies; request validation is in ``protocol.py``, the batching loop in ``scheduler.py``.
+
+Keys (SGLang's rules, docs/sglang.md section 7.4; the settings in ``config.py``): ``/health*``,
+``/ready*`` and ``/metrics*`` are always open. The data routes (:data:`DATA_ROUTES`: generation,
+model and server info, loads) need the API key when one is set. Every other path is a control
+route (pause and continue, abort, weight updates and versions, cache flush, and any route added
+later) and needs the admin key, else the API key; a request without it gets 401 before its body
+is read, so an unknown path and a bad body look the same to a caller without the key.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dressage.auth import key_matches
 from dressage.engine.config import EngineConfig
 from dressage.engine.protocol import (
     BodyError,
@@ -38,10 +47,11 @@ from dressage.engine.scheduler import DuplicateRequestError, EngineStoppedError
 from dressage.engine.service import EngineService, WeightUpdateError
 
 VERSION = "dressage-engine-0.1"
-_ADMIN_PATHS = {
-    "/abort_request", "/pause_generation", "/continue_generation", "/update_weights_from_disk",
-    "/update_weight_version", "/flush_cache",
-}  # fmt: skip
+DATA_ROUTES = frozenset({
+    "/generate", "/model_info", "/get_model_info", "/server_info", "/get_server_info",
+    "/v1/loads", "/get_load",
+})  # fmt: skip
+"""Routes that read or generate and change no state; every other route is a control route."""
 _OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 
@@ -119,20 +129,20 @@ class UpdateWeightVersionBody(_Strict):
 
 # ------------------------------------------------------------------------------ auth
 class _ApiKeyMiddleware:
-    """SGLang's ``--api-key`` / ``--admin-api-key`` rules; health endpoints stay open."""
+    """The key rules of the module docstring, before any route runs."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None) -> None:
-        self.app, self.api_key, self.admin_api_key = app, api_key, admin_api_key
+    def __init__(self, app: ASGIApp, api_key: str | None, control_key: str | None) -> None:
+        self.app = app
+        self.data_keys = (api_key,) if api_key else ()
+        self.control_keys = (control_key,) if control_key else ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]
-            key = self.api_key
-            if path in _ADMIN_PATHS and self.admin_api_key:
-                key = self.admin_api_key
-            if key and not path.startswith(_OPEN_PREFIXES):
-                headers = dict(scope["headers"])
-                if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {key}":
+            keys = self.data_keys if path in DATA_ROUTES else self.control_keys
+            if keys and not path.startswith(_OPEN_PREFIXES):
+                header = Headers(scope=scope).get("authorization")
+                if not key_matches(header, keys):
                     await JSONResponse({"error": "Unauthorized"}, status_code=401)(
                         scope, receive, send
                     )
@@ -160,9 +170,7 @@ def create_app(config: EngineConfig, *, on_ready: Callable[[], None] | None = No
     _add_generate(app, service, config.max_body_bytes)
     _add_control(app, service, config.max_body_bytes)
     _add_info(app, service, config)
-    app.add_middleware(
-        _ApiKeyMiddleware, api_key=config.api_key, admin_api_key=config.admin_api_key
-    )
+    app.add_middleware(_ApiKeyMiddleware, api_key=config.api_key, control_key=config.control_key)
     return app
 
 

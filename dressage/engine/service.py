@@ -9,7 +9,8 @@ HTTP handlers (``server.py``) call this; this calls the scheduler thread (``sche
 - ``update_weights`` reads and checks the checkpoint first (off the engine thread, old weights
   keep serving), then applies it at a token boundary: immediately when paused, otherwise after the
   gate is closed and in-flight requests have finished (SGLang's reader/writer lock). A second
-  update while one is running is refused with 409, not queued.
+  update while one is running is refused with 409, not queued. A checkpoint that cannot be loaded
+  gets one message whatever the reason (:data:`UNUSABLE_CHECKPOINT`); the reason is logged.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ log = logging.getLogger(__name__)
 
 _ABORT_RETRY_SEC = 1.0
 _HEALTH_TIMEOUT_SEC = 20.0
+
+
+UNUSABLE_CHECKPOINT = (
+    "model_path is not a checkpoint this engine can load in place of its running model "
+    "(the engine's log says why)"
+)
+"""The one answer to a checkpoint that cannot be loaded, whatever the reason."""
 
 
 class WeightUpdateError(Exception):
@@ -263,7 +271,10 @@ class EngineService:
             try:
                 weights = await asyncio.to_thread(self.runner.load_weights, model_path)
             except WeightLoadError as exc:
-                raise WeightUpdateError(400, str(exc)) from None
+                # The reason (a missing folder, a shape) stays in the log: the answer would
+                # otherwise tell a caller which paths exist on this machine.
+                log.warning("update_weights_from_disk refused: %s", exc)
+                raise WeightUpdateError(400, UNUSABLE_CHECKPOINT) from None
             if abort_all_requests:
                 await self.abort(abort_all=True)
             drain = self.paused is None

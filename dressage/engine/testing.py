@@ -12,11 +12,17 @@ background thread: starts in a few seconds, no second copy of torch); ``subproce
 caller itself must stay responsive). Keyword options are :class:`EngineConfig` fields; tests
 usually pass ``device="cpu", num_threads=1``. In-process, a CPU engine sets torch's intra-op
 threads to 1 while it runs (its own lm_head workers use the cores) and restores them on exit.
+
+Control routes (pause, abort, weight updates) take the key given as ``admin_api_key`` (or
+``api_key``); with neither, the engine gets a fresh random admin key that nobody is told, so
+its control routes stay closed. ``open_control_routes=True`` is the explicit opt-out. A child
+process gets its keys through its environment, never on its command line.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess as sp
 import sys
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dressage.engine.cli import READY_PREFIX
-from dressage.engine.config import EngineConfig
+from dressage.engine.config import ADMIN_KEY_ENV, API_KEY_ENV, EngineConfig
 from dressage.health import wait_healthy
 
 __all__ = ["serve_engine"]
@@ -43,6 +49,8 @@ def serve_engine(
     **options: Any,
 ) -> Iterator[str]:
     """Serve ``model_path`` until the block ends; yields the base URL (no trailing slash)."""
+    if not {"api_key", "admin_api_key", "open_control_routes"} & options.keys():
+        options["admin_api_key"] = secrets.token_urlsafe(32)
     config = EngineConfig(model_path=str(model_path), host="127.0.0.1", port=0, **options)
     if subprocess:
         with _serve_subprocess(config, startup_timeout) as url:
@@ -84,8 +92,6 @@ def _serve_subprocess(config: EngineConfig, startup_timeout: float) -> Iterator[
         ("--tokenizer", config.tokenizer_path),
         ("--dtype", config.dtype),
         ("--weight-version", config.weight_version),
-        ("--api-key", config.api_key),
-        ("--admin-api-key", config.admin_api_key),
         ("--context-length", config.context_length),
         ("--max-running-requests", config.max_running_requests),
         ("--max-total-tokens", config.max_total_tokens),
@@ -94,7 +100,13 @@ def _serve_subprocess(config: EngineConfig, startup_timeout: float) -> Iterator[
     ):
         if value is not None:
             argv += [flag, str(value)]
-    proc = sp.Popen(argv, stdout=sp.PIPE, text=True, env=os.environ.copy())
+    if config.open_control_routes:
+        argv.append("--open-control-routes")
+    env = {k: v for k, v in os.environ.items() if k not in (ADMIN_KEY_ENV, API_KEY_ENV)}
+    for name, key in ((ADMIN_KEY_ENV, config.admin_api_key), (API_KEY_ENV, config.api_key)):
+        if key is not None:
+            env[name] = key
+    proc = sp.Popen(argv, stdout=sp.PIPE, text=True, env=env)
     try:
         url = _read_url(proc, startup_timeout)
         wait_healthy(url, startup_timeout, name="the engine", alive=lambda: proc.poll() is None)

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.engine.engine_oracle import full_forward_logprobs, greedy_reference
+from tests.helpers import ENGINE_KEY, bearer
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,9 @@ def url(tiny_model_path: Path) -> Iterator[str]:
     from dressage.engine.testing import serve_engine
 
     # Two lm_head workers here: the control paths also run over the sharded vocabulary pass.
-    with serve_engine(tiny_model_path, device="cpu", num_threads=2, context_length=1024) as url:
+    with serve_engine(
+        tiny_model_path, device="cpu", num_threads=2, context_length=1024, admin_api_key=ENGINE_KEY
+    ) as url:
         yield url
 
 
@@ -36,7 +39,7 @@ def _prompt(seed: int, n: int = 10) -> list[int]:
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, timeout=120)
+    return httpx.post(f"{url}{path}", json=body, timeout=120, headers=bearer(ENGINE_KEY))
 
 
 def _loads(url: str) -> dict[str, Any]:
@@ -204,14 +207,15 @@ def test_pause_abort_mode_returns_after_everything_stopped(url: str) -> None:
 
 
 def test_flush_cache_only_when_idle(url: str) -> None:
-    assert httpx.get(f"{url}/flush_cache").status_code == 200
+    assert httpx.get(f"{url}/flush_cache", headers=bearer(ENGINE_KEY)).status_code == 200
     stream = _Stream(url, {"input_ids": _prompt(50), "sampling_params": LONG})
     _wait(lambda: len(stream.chunks) >= 2)
-    busy = httpx.post(f"{url}/flush_cache")
+    busy = httpx.post(f"{url}/flush_cache", headers=bearer(ENGINE_KEY))
     assert busy.status_code == 400 and "running" in busy.text
     _post(url, "/abort_request", {"abort_all": True})
     stream.final()
-    assert httpx.post(f"{url}/flush_cache").text.startswith("Cache flushed.")
+    flushed = httpx.post(f"{url}/flush_cache", headers=bearer(ENGINE_KEY))
+    assert flushed.text.startswith("Cache flushed.")
 
 
 def test_duplicate_live_rid_is_refused(url: str) -> None:
