@@ -3,7 +3,12 @@
     dressage-proxy --engine-url http://127.0.0.1:30000 --store-dir ./proxy-store
 
 Every flag has a ``DRESSAGE_PROXY_*`` variable behind it (``dressage env`` lists them); a flag
-that is given wins over its variable, a variable over the default. The result is validated once,
+that is given wins over its variable, a variable over the default. ``--engine-admin-key`` reads
+``DRESSAGE_ENGINE_ADMIN_KEY``, the variable the embedded engine itself reads, so one export
+serves both; the proxy sends it on the engine's control routes (abort, pause, continue) and
+``--engine-api-key`` everywhere else (and on control routes too when there is no admin key:
+SGLang's rule). A key variable that is set but empty is an error naming it, not "no key" (it
+would leave the admin routes open). The result is validated once,
 here: a proxy bound to anything but loopback must have an admin key, the TITO family must exist
 (any spelling of ``MODEL_TYPE_SPELLINGS``: ``qwen3_5`` is ``qwen3.5``, which the config keeps),
 ``generic`` needs a tokenizer path.
@@ -25,14 +30,14 @@ that was never resumed ends by itself. The first three are recorded in every seg
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dressage.config.env import declare, env_bool, env_float, env_int, env_str
+from dressage.auth import check_key, is_loopback
+from dressage.config.env import declare, env_bool, env_float, env_int, env_secret, env_str
 from dressage.proxy.tito import MODEL_TYPE_SPELLINGS, canonical_model_type
 
 __all__ = ["MAX_PAUSE_TIMEOUT_S", "ProxyConfig", "ProxyConfigError", "config_from_argv", "parser"]
@@ -41,11 +46,20 @@ MAX_PAUSE_TIMEOUT_S = 86400.0
 """Longest a rollout pause may last before it ends by itself (one day: anything longer is a
 mistake, not a weight update)."""
 
-# field -> its DRESSAGE_* variable (the admin and API keys are declared in dressage.config.env)
+# field -> its DRESSAGE_* variable (the admin and API keys, and the engine's admin key, are
+# declared in dressage.config.env)
 _ENV_NAMES: dict[str, str] = {
     "admin_key": "DRESSAGE_PROXY_ADMIN_KEY",
     "api_key": "DRESSAGE_PROXY_API_KEY",
+    "engine_admin_key": "DRESSAGE_ENGINE_ADMIN_KEY",
 }
+_FLAGS = {
+    "admin_key": "--admin-key",
+    "api_key": "--api-key",
+    "engine_api_key": "--engine-api-key",
+    "engine_admin_key": "--engine-admin-key",
+}
+"""The key fields, each with its flag (their variables are in ``_ENV_NAMES``)."""
 
 
 def _declare(field: str, name: str, default: str | None, doc: str) -> None:
@@ -167,6 +181,7 @@ class ProxyConfig(BaseModel):
 
     engine_url: str = "http://127.0.0.1:30000"
     engine_api_key: str | None = None
+    engine_admin_key: str | None = None
     engine_timeout_s: float = Field(1800.0, gt=0)
     engine_retries: int = Field(4, ge=0, le=20)
     host: str = "127.0.0.1"
@@ -199,6 +214,10 @@ class ProxyConfig(BaseModel):
             raise ValueError(f"engine_url must be an http(s) URL, got {self.engine_url!r}")
         if self.tito_model == "generic" and not self.tokenizer_path:
             raise ValueError("tito_model 'generic' needs tokenizer_path (its chat template)")
+        for name, flag in _FLAGS.items():
+            value = getattr(self, name)
+            if value is not None:
+                check_key(value, f"{name} ({flag} or {_ENV_NAMES[name]})")
         if not is_loopback(self.host) and not self.admin_key:
             raise ValueError(
                 f"host {self.host!r} is not a loopback address: set an admin key "
@@ -225,15 +244,6 @@ class ProxyConfig(BaseModel):
         }
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def parser() -> argparse.ArgumentParser:
     """The ``dressage-proxy`` flags; every default is None so that unset flags fall to env."""
     p = argparse.ArgumentParser(
@@ -244,6 +254,10 @@ def parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--engine-url", help="SGLang router / server or embedded engine base URL")
     add("--engine-api-key", help="bearer key for the engine")
+    add(
+        "--engine-admin-key",
+        help="bearer key for the engine's control routes (prefer DRESSAGE_ENGINE_ADMIN_KEY)",
+    )
     add("--engine-timeout", dest="engine_timeout_s", type=float, help="seconds per engine call")
     add("--engine-retries", type=int, help="retries on connection errors / no worker")
     add("--host", help="listen address (default 127.0.0.1)")
@@ -290,6 +304,8 @@ _FLOATS = {"engine_timeout_s", "pause_timeout_s"}
 
 
 def _from_env(name: str, field: str) -> Any:
+    if field in _FLAGS:
+        return env_secret(name)
     if field in _BOOLS:
         return env_bool(name)
     if field in _INTS:
@@ -307,7 +323,10 @@ def config_from_mapping(flags: Mapping[str, Any]) -> ProxyConfig:
         if given is not None:
             values[field] = given
             continue
-        from_env = _from_env(env_name, field)
+        try:
+            from_env = _from_env(env_name, field)
+        except ValueError as exc:
+            raise ProxyConfigError(f"invalid proxy settings: {exc}") from None
         if from_env is not None:
             values[field] = from_env
     try:

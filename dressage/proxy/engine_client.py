@@ -13,7 +13,9 @@ cumulative unless the server streams increments; the router (sglang-router / SMG
 and has no ``/abort_request`` or pause routes, so control calls fan out to every worker
 (a plain server answers ``/workers`` with 404 and is its own only worker); the weight version is
 read from ``/model_info``. Connection failures and 503s are retried with exponential backoff; 4xx
-answers are not.
+answers are not. Keys (docs/sglang.md section 7.4): ``api_key`` travels on every call,
+``admin_key`` instead on the control calls (abort, pause, continue, and the ``/workers`` lookup
+before them) when given, as SGLang's ``--admin-api-key`` asks.
 """
 
 from __future__ import annotations
@@ -183,6 +185,7 @@ class EngineClient:
         url: str,
         *,
         api_key: str | None = None,
+        admin_key: str | None = None,
         timeout: float = 1800.0,
         retries: int = 4,
         backoff: float = 0.05,
@@ -198,6 +201,8 @@ class EngineClient:
         if api_key:
             self._headers.append(("authorization", f"Bearer {api_key}"))
         self._api_key = api_key
+        control_key = admin_key or api_key
+        self._control_headers = {"authorization": f"Bearer {control_key}"} if control_key else {}
         self._control: httpx.AsyncClient | None = None
 
     # ------------------------------------------------------------------------------ generate
@@ -371,12 +376,13 @@ class EngineClient:
         return self._control
 
     async def _control_call(
-        self, method: str, url: str, body: dict[str, Any] | None = None
+        self, method: str, url: str, body: dict[str, Any] | None = None, *, admin: bool = False
     ) -> httpx.Response:
+        headers = self._control_headers if admin else None
         attempt = 0
         while True:
             try:
-                return await self._client().request(method, url, json=body)
+                return await self._client().request(method, url, json=body, headers=headers)
             except httpx.TransportError as exc:
                 if attempt >= self.retries:
                     raise EngineUnavailableError(url, f"unreachable ({exc!r})") from None
@@ -384,8 +390,12 @@ class EngineClient:
             attempt += 1
 
     async def workers(self) -> list[str]:
-        """Worker URLs behind a router (``GET /workers``); a plain server is its only worker."""
-        response = await self._control_call("GET", f"{self.url}/workers")
+        """Worker URLs behind a router (``GET /workers``); a plain server is its only worker.
+
+        Asked with the control key: it precedes control calls, and the embedded engine treats
+        every path it does not serve as a control path (401 without the key, else 404).
+        """
+        response = await self._control_call("GET", f"{self.url}/workers", admin=True)
         if response.status_code == 404:
             return [self.url]
         if response.status_code != 200:
@@ -400,7 +410,7 @@ class EngineClient:
     async def _each_worker(self, path: str, body: dict[str, Any]) -> None:
         urls = await self.workers()
         responses = await asyncio.gather(
-            *(self._control_call("POST", f"{url}{path}", body) for url in urls)
+            *(self._control_call("POST", f"{url}{path}", body, admin=True) for url in urls)
         )
         failed = [
             f"{url}: HTTP {r.status_code} {r.text[:200]}"
@@ -408,7 +418,10 @@ class EngineClient:
             if r.status_code != 200
         ]
         if failed:
-            raise EngineError(self.url, f"POST {path} failed on {failed}")
+            hint = ""
+            if any(r.status_code == 401 for r in responses):
+                hint = " (401: give the proxy the engine's control key, DRESSAGE_ENGINE_ADMIN_KEY)"
+            raise EngineError(self.url, f"POST {path} failed on {failed}{hint}")
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
         """``/abort_request`` on every worker (SGLang matches ``rid`` as a prefix)."""

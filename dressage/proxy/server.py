@@ -34,7 +34,6 @@ the work is in :mod:`~dressage.proxy.sessions`.
 from __future__ import annotations
 
 import gc
-import hmac
 import json
 import logging
 import os
@@ -49,6 +48,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from dressage.auth import key_matches
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv
 from dressage.proxy.encoding import install_encode_memo
@@ -123,9 +123,7 @@ class _Auth:
     def _check(request: Request, keys: tuple[str, ...], what: str) -> None:
         if not keys:
             return
-        header = request.headers.get("authorization", "")
-        token = header[7:] if header[:7].lower() == "bearer " else ""
-        if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+        if not key_matches(request.headers.get("authorization"), keys):
             raise Unauthorized(f"{what} needs a valid 'Authorization: Bearer <key>' header")
 
     def chat(self, request: Request) -> None:
@@ -195,6 +193,7 @@ def create_app(
         engine = EngineClient(
             config.engine_url_clean,
             api_key=config.engine_api_key,
+            admin_key=config.engine_admin_key,
             timeout=config.engine_timeout_s,
             retries=config.engine_retries,
         )

@@ -19,6 +19,7 @@ import torch
 
 from dressage.proxy.engine_client import EngineClient, EngineOutput, PromptIds
 from dressage.trajectory import StepRecord
+from tests.helpers import ENGINE_KEY, bearer
 
 ADMIN = "admin-key-for-pause-tests"
 API = "api-key-for-pause-tests"
@@ -46,16 +47,18 @@ def update_engine(engine_url: str, model_path: Path, version: int, **body: Any) 
     response = httpx.post(
         f"{engine_url}/update_weights_from_disk",
         json={"model_path": str(model_path), "weight_version": str(version), **body},
+        headers=bearer(ENGINE_KEY),
         timeout=120,
     )
     assert response.status_code == 200, response.text
 
 
 class WireLog(EngineClient):
-    """The engine client, keeping each /generate body and the engine's final answer per rid."""
+    """The engine client, keeping each /generate body and the engine's final answer per rid;
+    it sends the test engines' control key unless told another."""
 
     def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url, **options)
+        super().__init__(url, **{"admin_key": ENGINE_KEY, **options})
         self.requests: dict[str, dict[str, Any]] = {}
         self.answers: dict[str, dict[str, Any]] = {}
 

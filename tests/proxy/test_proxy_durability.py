@@ -25,7 +25,7 @@ from openai import APIConnectionError, OpenAI
 
 from dressage.proxy.client import SyncProxyClient
 from dressage.proxy.server import READY_PREFIX
-from tests.helpers import REPO
+from tests.helpers import ENGINE_KEY, REPO
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,9 @@ NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 def engine_url(tiny_model_path: Path) -> Iterator[str]:
     from dressage.engine.testing import serve_engine
 
-    with serve_engine(tiny_model_path, device="cpu", num_threads=1, context_length=4096) as url:
+    with serve_engine(
+        tiny_model_path, device="cpu", num_threads=1, context_length=4096, admin_api_key=ENGINE_KEY
+    ) as url:
         yield url
 
 
@@ -54,7 +56,8 @@ def proxy_process(engine_url: str, store: Path) -> Iterator[tuple[subprocess.Pop
         "--engine-retries",
         "0",
     ]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # The engine's control key through the variable the engine itself reads (for aborts).
+    env = dict(os.environ, PYTHONPATH=str(REPO), DRESSAGE_ENGINE_ADMIN_KEY=ENGINE_KEY)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
         assert proc.stdout is not None

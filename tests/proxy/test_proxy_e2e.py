@@ -27,6 +27,7 @@ from dressage.proxy.engine_client import EngineClient, PromptIds
 from dressage.proxy.http1 import RawResponse
 from dressage.proxy.tito import TITOTokenizer
 from dressage.trajectory import Segment, StepRecord
+from tests.helpers import ENGINE_KEY, bearer
 from tests.proxy.conftest import WEATHER_TOOL, running_proxy
 
 pytestmark = pytest.mark.integration
@@ -39,7 +40,7 @@ class WireLog(EngineClient):
     """The engine client, keeping each /generate request and answer as they went over HTTP."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(url, retries=0)
+        super().__init__(url, retries=0, admin_key=ENGINE_KEY)
         self.requests: list[dict[str, Any]] = []
         self.answers: list[dict[str, Any]] = []
 
@@ -74,8 +75,9 @@ def engine_url(tiny_model_path: Path) -> Iterator[str]:
     from dressage.engine.testing import serve_engine
 
     with serve_engine(
-        tiny_model_path, device="cpu", num_threads=1, context_length=4096, weight_version="3"
-    ) as url:
+        tiny_model_path, device="cpu", num_threads=1, context_length=4096, weight_version="3",
+        admin_api_key=ENGINE_KEY,
+    ) as url:  # fmt: skip
         yield url
 
 
@@ -260,7 +262,10 @@ def test_an_engine_abort_mid_call_is_answered_and_recorded(
     thread = threading.Thread(target=agent)
     thread.start()
     time.sleep(0.8)  # generating by now
-    httpx.post(f"{engine_url}/abort_request", json={"abort_all": True}).raise_for_status()
+    abort = httpx.post(
+        f"{engine_url}/abort_request", json={"abort_all": True}, headers=bearer(ENGINE_KEY)
+    )
+    abort.raise_for_status()
     thread.join(timeout=60)
     choice = result["response"].choices[0]
     (step,) = SyncProxyClient(url).read_trajectory("e2e-abort").steps

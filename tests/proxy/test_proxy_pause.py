@@ -24,6 +24,7 @@ from dressage.proxy.tito import TITOTokenizer
 from dressage.rollout.multi_segment import expand_segments_to_samples
 from dressage.trajectory import NO_VERSION
 from dressage.types import Sample
+from tests.helpers import ENGINE_KEY
 from tests.proxy.conftest import running_proxy
 from tests.proxy.pause_harness import (
     ADMIN,
@@ -131,8 +132,9 @@ def run(
 ) -> dict[str, Any]:
     store = tmp_path_factory.mktemp("pause-store")
     with serve_engine(
-        tiny_model_path, device="cpu", num_threads=1, context_length=4096, weight_version="0"
-    ) as engine_url:
+        tiny_model_path, device="cpu", num_threads=1, context_length=4096, weight_version="0",
+        admin_api_key=ENGINE_KEY,
+    ) as engine_url:  # fmt: skip
         wire = WireLog(engine_url, retries=0)
         with running_proxy(
             engine_url,

@@ -25,6 +25,7 @@ from dressage.proxy.pause import parse_pause_request, parse_resume_request
 from dressage.proxy.tito import TITOTokenizer
 from dressage.rollout.multi_segment import expand_segments_to_samples
 from dressage.types import Sample
+from tests.helpers import ENGINE_KEY
 from tests.proxy.conftest import running_proxy
 from tests.proxy.pause_harness import (
     ADMIN,
@@ -42,8 +43,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def engine_url(tiny_model_path: Path) -> Iterator[str]:
     with serve_engine(
-        tiny_model_path, device="cpu", num_threads=1, context_length=4096, weight_version="0"
-    ) as url:
+        tiny_model_path, device="cpu", num_threads=1, context_length=4096, weight_version="0",
+        admin_api_key=ENGINE_KEY,
+    ) as url:  # fmt: skip
         yield url
 
 

@@ -15,6 +15,7 @@ from openai import AsyncOpenAI
 from dressage.engine.testing import serve_engine
 from dressage.proxy.client import ProxyClient, ProxyClientError
 from dressage.proxy.tito import TITOTokenizer
+from tests.helpers import ENGINE_KEY
 from tests.proxy.conftest import running_proxy
 from tests.proxy.pause_harness import ADMIN, API, NO_THINK, WireLog
 
@@ -45,7 +46,12 @@ def test_engine_dying_while_paused(
     with ExitStack() as engine_stack:
         engine_url = engine_stack.enter_context(
             serve_engine(
-                tiny_model_path, subprocess=True, device="cpu", num_threads=1, context_length=4096
+                tiny_model_path,
+                subprocess=True,
+                device="cpu",
+                num_threads=1,
+                context_length=4096,
+                admin_api_key=ENGINE_KEY,
             )
         )
         wire = WireLog(engine_url, retries=1, backoff=0.01)
