@@ -18,6 +18,7 @@ pause calls.
 
     python bench/engine.py                                   # tiny model, CPU, about 3 minutes
     python bench/engine.py --device cuda --model PATH        # on a GPU machine
+    DRESSAGE_ENGINE_ADMIN_KEY=K python bench/engine.py --url URL   # an engine already running
 
 The last line is the JSON summary.
 """
@@ -27,7 +28,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import secrets
 import statistics
 import sys
 import time
@@ -36,6 +39,9 @@ from typing import Any
 import httpx
 
 from dressage.engine.testing import serve_engine
+
+ENGINE_KEY = os.environ.get("DRESSAGE_ENGINE_ADMIN_KEY") or secrets.token_urlsafe(16)
+"""The control key: the given engine's (``--url``), or one for the engine started here."""
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -145,7 +151,8 @@ async def _pause_latencies(
         "abort": [], "abort_answers": [], "step": [], "retract": [], "in_place": []
     }  # fmt: skip
     limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    headers = {"authorization": f"Bearer {ENGINE_KEY}"}  # pause and abort are control routes
+    async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers) as client:
         for trial in range(args.pause_trials):
             stopped, answered, step = await _pause_trial(client, url, args, vocab, "abort", trial)
             out["abort"].append(stopped)
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         options: dict[str, Any] = {"device": args.device}
         if args.num_threads:
             options["num_threads"] = args.num_threads
-        with serve_engine(model, subprocess=True, **options) as url:
+        with serve_engine(model, subprocess=True, admin_api_key=ENGINE_KEY, **options) as url:
             result = _run(url, args)
     tps, pauses = result["tps"], result["pauses"]
     base, top = tps[min(tps)], tps[max(tps)]

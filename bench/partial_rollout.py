@@ -46,6 +46,7 @@ from dressage.proxy.testing import serve_proxy
 from dressage.proxy.tito import create_tito_tokenizer
 
 ADMIN = "bench-admin-key-123"
+ENGINE_KEY = "bench-engine-key-123"
 LEVELS = {1: 256, 32: 96, 128: 48}
 """Calls in flight -> their max_tokens (long enough to still run when the pause comes)."""
 TARGET = 1.2
@@ -133,7 +134,7 @@ async def _throughput(
     stop = time.monotonic() + seconds
     done: list[float] = []
     admin = ProxyClient(proxy, admin_key=ADMIN)
-    http = httpx.AsyncClient(timeout=120)
+    http = httpx.AsyncClient(timeout=120, headers={"authorization": f"Bearer {ENGINE_KEY}"})
     agents_http = _agent_client(proxy)
     version = parse_version((await http.get(f"{engine_url}/model_info")).json()["weight_version"])
 
@@ -191,6 +192,7 @@ def _proxy(engine_url: str, store: Path, tito: Any, partial: bool) -> Any:
         engine_url=engine_url,
         store_dir=store,
         admin_key=ADMIN,
+        engine_admin_key=ENGINE_KEY,
         partial_rollout=partial,
         record_token_versions=True,
         max_pauses_per_trajectory=0,
@@ -219,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 num_threads=1,
                 context_length=4096,
                 max_running_requests=160,
+                admin_api_key=ENGINE_KEY,
             )
         )
         latency: dict[int, dict[str, float]] = {}

@@ -189,15 +189,16 @@ def checkpoint_accuracy(
     from dressage.proxy.config import ProxyConfig
     from dressage.proxy.testing import serve_proxy
 
-    key = secrets.token_hex(16)
+    key, engine_key = secrets.token_hex(16), secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="dressage-eval-") as scratch:
-        with serve_engine(model_dir, device=device) as engine_url:
+        with serve_engine(model_dir, device=device, admin_api_key=engine_key) as engine_url:
             config = ProxyConfig.model_validate(
                 {
                     "engine_url": engine_url,
                     "store_dir": Path(scratch) / "store",
                     "tokenizer_path": str(model_dir),
                     "admin_key": key,
+                    "engine_admin_key": engine_key,  # its aborts of calls agents give up
                 }
             )
             with serve_proxy(config) as proxy_url:

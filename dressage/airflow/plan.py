@@ -119,6 +119,11 @@ class RunPlan(BaseModel):
     def admin_key_file(self) -> Path:
         return Path(self.run_dir) / "secrets" / "proxy_admin_key"
 
+    @property
+    def engine_key_file(self) -> Path:
+        """The embedded engine's control key (the engine, the proxy and the job read it)."""
+        return Path(self.run_dir) / "secrets" / "engine_admin_key"
+
     def run_config(
         self, *, student: str, engine_url: str | None, proxy_url: str | None
     ) -> TrainRunConfig:

@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 ADMIN_KEY_ENV = "DRESSAGE_PROXY_ADMIN_KEY"
+ENGINE_KEY_ENV = "DRESSAGE_ENGINE_ADMIN_KEY"
 log = logging.getLogger(__name__)
 
 
@@ -124,6 +125,7 @@ def start_services(plan_data: Mapping[str, Any], report: Mapping[str, Any]) -> d
         student=resolve_checkpoint(str(report["student"])),
         store_dir=Path(plan.run_dir) / "proxy-store",
         admin_key_file=plan.admin_key_file,
+        engine_key_file=plan.engine_key_file,
         id_prefix=sanitize_id(f"dressage-{plan.dag_id}-{plan.run_slug}"),
         partial_rollout=plan.partial_rollout,
     )
@@ -186,7 +188,10 @@ def prepare_job(
             launcher="local",
             launcher_options={"root": str(plan.jobs_dir)},
             entrypoint=train_entrypoint(path, python=sys.executable),
-            secret_env_files={ADMIN_KEY_ENV: str(plan.admin_key_file)},
+            secret_env_files={
+                ADMIN_KEY_ENV: str(plan.admin_key_file),
+                ENGINE_KEY_ENV: str(plan.engine_key_file),  # its weight updates
+            },
             **common,
         )
     return request.model_dump(mode="json")

@@ -1,6 +1,7 @@
 """The training job: RUN.json in, a trained student and its artifacts out.
 
-    DRESSAGE_PROXY_ADMIN_KEY=... python -m dressage.jobs.train --run-config RUN.json
+    DRESSAGE_PROXY_ADMIN_KEY=... DRESSAGE_ENGINE_ADMIN_KEY=... \
+        python -m dressage.jobs.train --run-config RUN.json
 
 RUN.json is a :class:`~dressage.launch.train_job.TrainRunConfig` (written by the training DAGs'
 ``prepare_job``); its ``advanced`` options are :class:`~dressage.jobs.options.JobOptions`. On the
@@ -9,8 +10,9 @@ setup task started them) and the job runs, in this process, slime's async loop
 (:func:`dressage.training.train_async_with_rollout_pause.train_async`) over the embedded
 backend: the PyTorch trainer (with the MOPD teachers), the rollout manager on its own thread
 (partial-async rollout with black-box agents through the proxy, or one synchronous batch per
-step), and a weight update through ``/update_weights_from_disk`` after every step, with the
-proxy paused around it (``DRESSAGE_PROXY_PAUSE_*``). On the ray backend (a Ray job on the
+step), and a weight update through ``/update_weights_from_disk`` after every step (with the
+engine's control key, ``DRESSAGE_ENGINE_ADMIN_KEY``), with the proxy paused around it
+(``DRESSAGE_PROXY_PAUSE_*``). On the ray backend (a Ray job on the
 cluster) it starts the proxy on this node and runs slime's command line
 (:mod:`dressage.jobs.cluster`). What it writes is described in
 :mod:`dressage.jobs.outputs`; checkpoints go to ``output_dir/checkpoints/``.
@@ -33,7 +35,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from dressage.config.env import env_str
+from dressage.config.env import env_secret, env_str
 from dressage.config.mopd import MopdConfigError, load_mopd_config, resolve_checkpoint
 from dressage.jobs.options import JobOptions, job_args
 from dressage.jobs.outputs import RunOutputs
@@ -106,6 +108,14 @@ def run_job(run_config: Path) -> dict[str, Any]:
     admin_key = env_str("DRESSAGE_PROXY_ADMIN_KEY")
     if not admin_key:
         raise JobConfigError("DRESSAGE_PROXY_ADMIN_KEY is not set (the proxy's admin key)")
+    try:
+        engine_key = env_secret("DRESSAGE_ENGINE_ADMIN_KEY")
+    except ValueError as exc:
+        raise JobConfigError(str(exc)) from None
+    if not engine_key:
+        raise JobConfigError(
+            "DRESSAGE_ENGINE_ADMIN_KEY is not set (the engine's control key, for weight updates)"
+        )
     assert run.engine_url and run.proxy_url  # _load checked
     _check_service("engine", run.engine_url)
     _check_service("proxy", run.proxy_url)
@@ -154,6 +164,7 @@ def run_job(run_config: Path) -> dict[str, Any]:
             weights_dir=output / "weights",
             checkpoint_dir=output / "checkpoints",
             on_trained=on_trained,
+            engine_admin_key=engine_key,
         )
         try:
             train_async(args, backend, pause)

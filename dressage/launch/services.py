@@ -9,10 +9,13 @@
 Each announces its URL on one stdout line (``DRESSAGE_ENGINE_URL=…``, ``DRESSAGE_PROXY_URL=…``;
 the proxy binds port 0, the engine a port picked here so the proxy can start beside it); a
 service is ready when that URL answers ``GET /health`` with 200.
-Starting again with the same ids reattaches to services that still run (a retried task). The
-proxy's admin key is read from a 0600 file into the proxy's environment
-(``DRESSAGE_PROXY_ADMIN_KEY``); it never appears on a command line, in a Param or in an XCom.
-On a Ray cluster these services belong to the job itself (SGLang and the proxy inside slime).
+Starting again with the same ids reattaches to services that still run (a retried task). Two
+keys are generated into 0600 files beside each other and read into the services' environments:
+the proxy's admin key (``DRESSAGE_PROXY_ADMIN_KEY``, for the proxy) and the engine's control
+key (``DRESSAGE_ENGINE_ADMIN_KEY``, for the engine and for the proxy, which pauses and aborts
+through it; the training job gets it the same way, for its weight updates). Neither ever appears
+on a command line, in a Param or in an XCom. On a Ray cluster these services belong to the job
+itself (SGLang and the proxy inside slime).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ __all__ = [
 ENGINE_READY_PREFIX = "DRESSAGE_ENGINE_URL="
 PROXY_READY_PREFIX = "DRESSAGE_PROXY_URL="
 ADMIN_KEY_ENV = "DRESSAGE_PROXY_ADMIN_KEY"
+ENGINE_KEY_ENV = "DRESSAGE_ENGINE_ADMIN_KEY"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,12 @@ class ServicePlan:
     id_prefix: str
     partial_rollout: bool = True
     ready_timeout_s: float = 300.0
+    engine_key_file: Path | None = None
+    """The engine's control key; None: ``engine_admin_key`` beside ``admin_key_file``."""
+
+    @property
+    def engine_key_path(self) -> Path:
+        return self.engine_key_file or self.admin_key_file.with_name("engine_admin_key")
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,12 @@ def _free_port() -> int:
 def _engine_spec(plan: ServicePlan, port: int) -> JobSpec:
     argv = [sys.executable, "-m", "dressage.cli", "engine", "serve", "--model", str(plan.student)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--weight-version", "0"]
-    return JobSpec(argv, submission_id=f"{plan.id_prefix}-engine", metadata={"service": "engine"})
+    return JobSpec(
+        argv,
+        submission_id=f"{plan.id_prefix}-engine",
+        env={ENGINE_KEY_ENV: plan.engine_key_path.read_text().strip()},
+        metadata={"service": "engine"},
+    )
 
 
 def _proxy_spec(plan: ServicePlan, engine_url: str) -> JobSpec:
@@ -97,12 +112,12 @@ def _proxy_spec(plan: ServicePlan, engine_url: str) -> JobSpec:
     argv += ["--tokenizer-path", str(plan.student)]
     if plan.partial_rollout:
         argv += ["--dressage-partial-rollout", "--record-token-versions"]
-    key = plan.admin_key_file.read_text().strip()
+    env = {
+        ADMIN_KEY_ENV: plan.admin_key_file.read_text().strip(),
+        ENGINE_KEY_ENV: plan.engine_key_path.read_text().strip(),
+    }
     return JobSpec(
-        argv,
-        submission_id=f"{plan.id_prefix}-proxy",
-        env={ADMIN_KEY_ENV: key},
-        metadata={"service": "proxy"},
+        argv, submission_id=f"{plan.id_prefix}-proxy", env=env, metadata={"service": "proxy"}
     )
 
 
@@ -114,6 +129,7 @@ def start_services(launcher: LocalLauncher, plan: ServicePlan) -> Services:
     ready, both are stopped before the error propagates (no teardown runs for a failed setup).
     """
     write_secret(plan.admin_key_file)
+    write_secret(plan.engine_key_path)
     port = _free_port()
     engine_spec = _engine_spec(plan, port)
     proxy_id = f"{plan.id_prefix}-proxy"

@@ -4,7 +4,9 @@
         --run-config RUN.json
 
 It is not a trainer: it checks RUN.json, the services it was given (``GET /health`` of the
-engine and the proxy, the admin key in the environment), then per step writes one artifact
+engine and the proxy, the admin key in the environment, and the engine's control key: the
+engine refuses a control call without it and takes it, and the proxy pauses the engine with its
+own copy), then per step writes one artifact
 folder (segments, samples, train_data), one metrics.jsonl record with per-teacher reverse KL and
 reward, and a progress line; finally summary.json and checkpoints/. Knobs in
 ``advanced["contract_job"]``: ``fail_at_step`` (exit 3 with a traceback), ``bad_train_data``
@@ -53,6 +55,26 @@ def _check_services(run: dict[str, Any]) -> None:
         if status != 200:
             raise SystemExit(f"contract job: {name} {run[name]} answers {status}")
         print(f"{name} healthy: {run[name]}", flush=True)
+    _check_engine_key(run["engine_url"], run["proxy_url"])
+
+
+def _check_engine_key(engine_url: str, proxy_url: str) -> None:
+    key = os.environ.get("DRESSAGE_ENGINE_ADMIN_KEY", "")
+    if len(key) < 8:
+        raise SystemExit("contract job: DRESSAGE_ENGINE_ADMIN_KEY is not in the environment")
+    probe = {"rid": "contract-job-probe"}
+    statuses = [
+        httpx.post(f"{engine_url}/abort_request", json=probe, headers=headers).status_code
+        for headers in ({}, {"authorization": f"Bearer {key}"})
+    ]
+    if statuses != [401, 200]:
+        raise SystemExit(f"contract job: engine abort_request without/with its key: {statuses}")
+    admin = {"authorization": f"Bearer {os.environ['DRESSAGE_PROXY_ADMIN_KEY']}"}
+    for action in ("pause", "resume"):  # the proxy pauses the engine: it holds the key too
+        r = httpx.post(f"{proxy_url}/v1/rollout/{action}", json={}, headers=admin, timeout=60)
+        if r.status_code != 200:
+            raise SystemExit(f"contract job: proxy {action}: HTTP {r.status_code} {r.text[:300]}")
+    print("engine control key checked", flush=True)
 
 
 def _segments(step: int, teacher: str, n: int) -> list[Segment]:

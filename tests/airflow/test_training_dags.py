@@ -106,16 +106,18 @@ def test_mopd_end_to_end(
     assert run_json["objective"] == "mopd" and run_json["num_steps"] == 3
     assert run_json["proxy_url"].startswith("http://127.0.0.1:")
 
-    key_file = run_dir / "secrets" / "proxy_admin_key"
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    key = key_file.read_text().strip()
     on_disk = [p.read_text() for p in run_dir.glob("jobs/*/state.json")] + [json.dumps(run_json)]
-    assert key not in harness.all_xcom_text(run) and not any(key in text for text in on_disk)
+    for name in ("proxy_admin_key", "engine_admin_key"):  # the engine's: its control routes
+        key_file = run_dir / "secrets" / name
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        key = key_file.read_text().strip()
+        assert key not in harness.all_xcom_text(run) and not any(key in text for text in on_disk)
 
     assert _job_states(run_dir) == {"engine": "STOPPED", "proxy": "STOPPED", "train": "SUCCEEDED"}
     logs = _logs(caplog, capfd)
     assert "job | step 3/3" in logs  # the job's progress streams through the trigger
     assert "proxy_url healthy" in logs
+    assert "engine control key checked" in logs  # the job, the engine and the proxy share it
 
 
 def test_failing_job_fails_the_task_with_its_log_tail(

@@ -34,7 +34,7 @@ from dressage.training.embedded import EmbeddedTrainer, trainer_args
 from dressage.training.embedded.probe import ALL, HeldOutProbe
 from dressage.training.embedded.rollout import EmbeddedRolloutManager, update_engine_weights
 from dressage.types import Sample
-from tests.helpers import REPO
+from tests.helpers import ENGINE_KEY, REPO
 from tests.proxy.conftest import running_proxy
 
 pytestmark = pytest.mark.integration
@@ -72,9 +72,14 @@ def test_mopd_through_engine_and_proxy_pulls_the_student_to_its_teachers(
     student = config.student.hf_checkpoint
     teachers = {tid: t.load for tid, t in config.teachers.items()}
     with (
-        serve_engine(student, device="cpu", num_threads=1, weight_version="0") as engine,
-        running_proxy(engine, tmp_path / "store", tito, record_token_versions=True) as proxy,
-    ):
+        serve_engine(
+            student, device="cpu", num_threads=1, weight_version="0", admin_api_key=ENGINE_KEY
+        ) as engine,
+        running_proxy(
+            engine, tmp_path / "store", tito, record_token_versions=True,
+            engine_admin_key=ENGINE_KEY,
+        ) as proxy,
+    ):  # fmt: skip
         args = trainer_args(
             hf_checkpoint=student,
             device="cpu",
@@ -115,7 +120,9 @@ def test_mopd_through_engine_and_proxy_pulls_the_student_to_its_teachers(
             assert {s.metadata["teacher_id"] for s in samples} == set(teachers)
             assert all(v == step for s in samples for v in s.metadata["full_versions"] if v >= 0)
             metrics = trainer.train(step, train_data)
-            update_engine_weights(trainer, engine, step + 1, tmp_path / "weights")
+            update_engine_weights(
+                trainer, engine, step + 1, tmp_path / "weights", api_key=ENGINE_KEY
+            )
             history.append(metrics | rollout)
         after = probe.measure(trainer.model)
 

@@ -24,11 +24,12 @@ from dressage.proxy.testing import serve_proxy
 from dressage.staging import open_artifact
 from dressage.staging.checks import check_run_tables
 from dressage.staging.stage import stage_run
-from tests.helpers import REPO
+from tests.helpers import ENGINE_KEY, REPO
 
 pytestmark = pytest.mark.integration
 
 ADMIN = "admin-key-for-the-job-test"
+KEYS = {"DRESSAGE_PROXY_ADMIN_KEY": ADMIN, "DRESSAGE_ENGINE_ADMIN_KEY": ENGINE_KEY}
 STEPS = 3
 DATA = REPO / "configs" / "mopd" / "data"
 
@@ -60,7 +61,7 @@ def _run_job(run: TrainRunConfig, root: Path, **env: str) -> subprocess.Complete
     return subprocess.run(
         [sys.executable, "-m", "dressage.jobs.train", "--run-config", str(path)],
         cwd=REPO,
-        env={**os.environ, "DRESSAGE_PROXY_ADMIN_KEY": ADMIN, **env},
+        env={**os.environ, **KEYS, **env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -71,11 +72,14 @@ def _run_job(run: TrainRunConfig, root: Path, **env: str) -> subprocess.Complete
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     student = resolve_checkpoint("tiny:seed=0")
     store = tmp_path_factory.mktemp("proxy-store")
-    with serve_engine(student, device="cpu", num_threads=1, weight_version="0") as engine_url:
+    with serve_engine(
+        student, device="cpu", num_threads=1, weight_version="0", admin_api_key=ENGINE_KEY
+    ) as engine_url:
         config = ProxyConfig(
             engine_url=engine_url,
             store_dir=store,
             admin_key=ADMIN,
+            engine_admin_key=ENGINE_KEY,
             tokenizer_path=str(student),
             partial_rollout=True,
             record_token_versions=True,
@@ -185,7 +189,8 @@ def test_a_run_config_that_cannot_run_exits_2(
         code = main(["--run-config", str(config.write(tmp_path / "run.json"))])
         return code, capsys.readouterr().err
 
-    monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_KEY", ADMIN)
+    for name, key in KEYS.items():
+        monkeypatch.setenv(name, key)
     code, err = run(_run_config(tmp_path, services, learning_rat=1e-4))
     assert code == 2 and "learning_rat" in err and "Extra inputs are not permitted" in err
     on_ray = _run_config(tmp_path, services, cluster={"extra_args": ["--use-kl-loss"]})
@@ -194,6 +199,12 @@ def test_a_run_config_that_cannot_run_exits_2(
     down = _run_config(tmp_path, services).model_copy(update={"proxy_url": "http://127.0.0.1:9"})
     code, err = run(down)
     assert code == 2 and "proxy at http://127.0.0.1:9 is unreachable" in err
+    monkeypatch.setenv("DRESSAGE_ENGINE_ADMIN_KEY", "")
+    code, err = run(_run_config(tmp_path, services))
+    assert code == 2 and "DRESSAGE_ENGINE_ADMIN_KEY is set but empty" in err
+    monkeypatch.delenv("DRESSAGE_ENGINE_ADMIN_KEY")
+    code, err = run(_run_config(tmp_path, services))
+    assert code == 2 and "DRESSAGE_ENGINE_ADMIN_KEY is not set" in err  # the weight updates
     monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_KEY", "")
     code, err = run(_run_config(tmp_path, services))
     assert code == 2 and "DRESSAGE_PROXY_ADMIN_KEY is not set" in err

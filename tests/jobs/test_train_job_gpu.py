@@ -17,7 +17,7 @@ from dressage.engine.testing import serve_engine
 from dressage.launch.train_job import TrainRunConfig
 from dressage.proxy.config import ProxyConfig
 from dressage.proxy.testing import serve_proxy
-from tests.helpers import REPO
+from tests.helpers import ENGINE_KEY, REPO
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,11 +34,14 @@ def test_a_mopd_run_on_cuda_trains_updates_the_engine_and_probes(tmp_path: Path)
     config = load_mopd_config(EMBEDDED)
     assert config.student is not None
     student = resolve_checkpoint(config.student.hf_checkpoint)
-    with serve_engine(student, device="cuda", weight_version="0") as engine:
+    with serve_engine(
+        student, device="cuda", weight_version="0", admin_api_key=ENGINE_KEY
+    ) as engine:
         proxy_config = ProxyConfig(
             engine_url=engine,
             store_dir=tmp_path / "store",
             admin_key=ADMIN,
+            engine_admin_key=ENGINE_KEY,
             tokenizer_path=str(student),
             partial_rollout=True,
             record_token_versions=True,
@@ -65,7 +68,11 @@ def test_a_mopd_run_on_cuda_trains_updates_the_engine_and_probes(tmp_path: Path)
             done = subprocess.run(
                 [sys.executable, "-m", "dressage.jobs.train", "--run-config", str(path)],
                 cwd=REPO,
-                env={**os.environ, "DRESSAGE_PROXY_ADMIN_KEY": ADMIN},
+                env={
+                    **os.environ,
+                    "DRESSAGE_PROXY_ADMIN_KEY": ADMIN,
+                    "DRESSAGE_ENGINE_ADMIN_KEY": ENGINE_KEY,
+                },
                 capture_output=True,
                 text=True,
                 timeout=500,

@@ -31,7 +31,7 @@ from dressage.rollout.generate.settings import agent_sampling, dispatch_settings
 from dressage.rollout.sample_meta import NO_GRAD_REASON, NUM_SEGMENTS, PARENT_TRAJ_ID
 from dressage.schemas import samples_to_table, validate_table
 from dressage.types import Sample
-from tests.helpers import free_port
+from tests.helpers import ENGINE_KEY, free_port
 from tests.proxy.conftest import running_proxy
 from tests.rollout import dispatch_agents
 
@@ -55,9 +55,12 @@ def proxy_url(
 
     store = tmp_path_factory.mktemp("store")
     with (
-        serve_engine(tiny_model_path, device="cpu", num_threads=1, context_length=2048) as engine,
-        running_proxy(engine, store, tito, engine_retries=0) as url,
-    ):
+        serve_engine(
+            tiny_model_path, device="cpu", num_threads=1, context_length=2048,
+            admin_api_key=ENGINE_KEY,
+        ) as engine,
+        running_proxy(engine, store, tito, engine_retries=0, engine_admin_key=ENGINE_KEY) as url,
+    ):  # fmt: skip
         yield url
 
 

@@ -32,7 +32,7 @@ from dressage.training.embedded.rollout import (
     update_engine_weights,
 )
 from dressage.types import RolloutFnEvalOutput, Sample
-from tests.helpers import free_port
+from tests.helpers import ENGINE_KEY, free_port
 from tests.proxy.conftest import Script, scripted_proxy
 
 pytestmark = pytest.mark.integration
@@ -221,7 +221,9 @@ def test_fan_out_siblings_must_share_a_rollout_id() -> None:
 def engine_url(tiny_model_path: Path) -> Iterator[str]:
     from dressage.engine.testing import serve_engine
 
-    with serve_engine(tiny_model_path, device="cpu", num_threads=1, context_length=512) as url:
+    with serve_engine(
+        tiny_model_path, device="cpu", num_threads=1, context_length=512, admin_api_key=ENGINE_KEY
+    ) as url:
         yield url
 
 
@@ -232,7 +234,9 @@ def test_weights_go_to_the_engine_with_their_version(
 
     trainer = EmbeddedTrainer(trainer_args(hf_checkpoint=str(tiny_model_path), device="cpu"))
     for version in (1, 2, 3):
-        folder = update_engine_weights(trainer, engine_url, version, tmp_path / "w", keep=2)
+        folder = update_engine_weights(
+            trainer, engine_url, version, tmp_path / "w", keep=2, api_key=ENGINE_KEY
+        )
         assert folder == tmp_path / "w" / f"weights-v{version}"
         info = httpx.get(f"{engine_url}/model_info").json()
         assert info["weight_version"] == str(version) and info["model_path"] == str(folder)
@@ -244,7 +248,10 @@ def test_weights_go_to_the_engine_with_their_version(
             return path
 
     with pytest.raises(WeightUpdateError, match="weight version 4 from .*weights-v4: HTTP 400"):
-        update_engine_weights(Broken(), engine_url, 4, tmp_path / "w")
+        update_engine_weights(Broken(), engine_url, 4, tmp_path / "w", api_key=ENGINE_KEY)
+    with pytest.raises(WeightUpdateError, match="HTTP 401: .*DRESSAGE_ENGINE_ADMIN_KEY"):
+        update_engine_weights(trainer, engine_url, 4, tmp_path / "w")  # no key
+    assert httpx.get(f"{engine_url}/model_info").json()["weight_version"] == "3"
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(WeightUpdateError, match=f"engine {dead}: weight version 5 .*ConnectError"):
         update_engine_weights(trainer, dead, 5, tmp_path / "w")

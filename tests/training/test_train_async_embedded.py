@@ -22,6 +22,7 @@ from dressage.training.embedded.async_backend import EmbeddedAsyncBackend, Rollo
 from dressage.training.embedded.rollout import EmbeddedRolloutManager
 from dressage.training.rollout_pause import RolloutPause
 from dressage.training.train_async_with_rollout_pause import train_async
+from tests.helpers import ENGINE_KEY
 from tests.rollout.partial_async_hooks import ListDataSource
 from tests.training.async_driver_hooks import ADMIN, SESSIONS
 
@@ -40,12 +41,14 @@ def test_async_training_with_partial_rollout_end_to_end(
     monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_KEY", ADMIN)
     tito = create_tito_tokenizer(qwen35_tokenizer, "qwen3.5")
     with serve_engine(
-        tiny_model_path, device="cpu", num_threads=1, context_length=4096
-    ) as engine_url:
+        tiny_model_path, device="cpu", num_threads=1, context_length=4096,
+        admin_api_key=ENGINE_KEY,
+    ) as engine_url:  # fmt: skip
         config = ProxyConfig(
             engine_url=engine_url,
             store_dir=tmp_path / "store",
             admin_key=ADMIN,
+            engine_admin_key=ENGINE_KEY,
             partial_rollout=True,
             record_token_versions=True,
         )
@@ -72,6 +75,7 @@ def test_async_training_with_partial_rollout_end_to_end(
                     args, ListDataSource(), rollout_fn=generate_rollout_partial_async
                 ),
                 engine_url=engine_url,
+                engine_admin_key=ENGINE_KEY,
                 weights_dir=tmp_path / "weights",
                 on_trained=lambda batch, metrics: trained.append((batch, metrics)),
             )

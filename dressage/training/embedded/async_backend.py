@@ -10,9 +10,9 @@ anything returning ``(train_data, samples, metrics)``) to a one-thread pool, so 
 runs while the :class:`~dressage.training.embedded.EmbeddedTrainer` trains on rollout ``N`` in
 the caller's thread (torch releases the GIL in its kernels; the engine and the proxy are other
 processes or threads). ``update_weights`` writes the trainer's weights and has the engine load
-them with ``/update_weights_from_disk`` under the next integer version (the driver pauses the
-proxy around it). ``timeline`` records when each rollout was generated and trained, and each
-update, so the overlap can be seen (and is tested).
+them with ``/update_weights_from_disk`` under the next integer version, with
+``engine_admin_key`` (the driver pauses the proxy around it). ``timeline`` records when each
+rollout was generated and trained, and each update, so the overlap can be seen (and is tested).
 
 The trainer lives in this process for the whole run, so ``releases_train`` is False: the loop
 refuses slime's ``--release-train`` before anything runs. ``save`` writes synchronously, so its
@@ -22,6 +22,7 @@ saves and evals at epoch ends as slime's rollout manager would.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -72,6 +73,8 @@ class EmbeddedAsyncBackend:
     weights_dir: Path
     checkpoint_dir: Path | None = None
     update_engine_weights: UpdateFn | None = None
+    engine_admin_key: str | None = None
+    """The engine's control key, sent with the default weight update."""
     on_trained: Callable[[RolloutBatch, dict[str, float]], None] | None = None
     version: int = -1
     """The engine's weight version (read from ``/model_info`` when -1)."""
@@ -122,7 +125,7 @@ class EmbeddedAsyncBackend:
         if update is None:
             from dressage.training.embedded.rollout import update_engine_weights
 
-            update = update_engine_weights
+            update = functools.partial(update_engine_weights, api_key=self.engine_admin_key)
         version = self.version + 1
         started = time.monotonic()
         update(self.trainer, self.engine_url, version, self.weights_dir)

@@ -198,8 +198,9 @@ def update_engine_weights(
 ) -> Path:
     """Save the trainer's student to ``out_dir/weights-v{version}`` and load it into the engine.
 
-    ``POST {engine_url}/update_weights_from_disk {"model_path", "weight_version"}``; the engine
-    stamps every later token with ``version`` (the proxy records it per token). Older
+    ``POST {engine_url}/update_weights_from_disk {"model_path", "weight_version"}`` with
+    ``api_key`` (the engine's control key, ``DRESSAGE_ENGINE_ADMIN_KEY``) as a bearer key; the
+    engine stamps every later token with ``version`` (the proxy records it per token). Older
     ``weights-v*`` folders beyond the newest ``keep`` are removed once the engine has the new
     ones.
 
@@ -220,8 +221,11 @@ def update_engine_weights(
     except ValueError:
         answer = {"message": response.text[:500]}
     if response.status_code != 200 or not answer.get("success", False):
+        hint = " (the engine's control key, DRESSAGE_ENGINE_ADMIN_KEY)" * (
+            response.status_code == 401
+        )
         raise WeightUpdateError(
-            f"{where}: HTTP {response.status_code}: {answer.get('message', answer)}"
+            f"{where}: HTTP {response.status_code}: {answer.get('message', answer)}{hint}"
         )
     _prune(Path(out_dir), keep, keep_path=folder)
     return folder
