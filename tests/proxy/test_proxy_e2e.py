@@ -277,7 +277,7 @@ def test_an_engine_abort_mid_call_is_answered_and_recorded(
 
 
 def test_the_engine_client_against_the_embedded_engine(engine_url: str) -> None:
-    client = EngineClient(engine_url)
+    client = EngineClient(engine_url, admin_key=ENGINE_KEY)  # /workers is a control path
     prompt = PromptIds.of([248045, 846, 198, 14556, 248046, 198, 248045, 74455, 198])
     greedy = {"max_new_tokens": 6, "temperature": 0}
 
