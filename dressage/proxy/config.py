@@ -40,7 +40,19 @@ from dressage.auth import check_key, is_loopback
 from dressage.config.env import declare, env_bool, env_float, env_int, env_secret, env_str
 from dressage.proxy.tito import MODEL_TYPE_SPELLINGS, canonical_model_type
 
-__all__ = ["MAX_PAUSE_TIMEOUT_S", "ProxyConfig", "ProxyConfigError", "config_from_argv", "parser"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "MAX_PAUSE_TIMEOUT_S",
+    "ProxyConfig",
+    "ProxyConfigError",
+    "config_from_argv",
+    "parser",
+]
+
+DEFAULT_MAX_TOKENS = 4096
+"""Output budget of a call that sets no ``max_tokens``: bounded, so that one call of a looping
+model cannot generate to the end of a 32k context (minutes on a CPU); a call that needs more
+says so with ``max_tokens``."""
 
 MAX_PAUSE_TIMEOUT_S = 86400.0
 """Longest a rollout pause may last before it ends by itself (one day: anything longer is a
@@ -165,8 +177,8 @@ _declare(
 _declare(
     "default_max_tokens",
     "DRESSAGE_PROXY_DEFAULT_MAX_TOKENS",
-    None,
-    "max_new_tokens when a request sets none (unset: up to the engine's context length).",
+    str(DEFAULT_MAX_TOKENS),
+    "max_new_tokens of a call that sets no max_tokens (within what the engine's context leaves).",
 )
 
 
@@ -200,7 +212,7 @@ class ProxyConfig(BaseModel):
     api_key: str | None = None
     max_request_bytes: int = Field(16 << 20, ge=1024)
     served_model_name: str = "dressage"
-    default_max_tokens: int | None = Field(None, ge=1)
+    default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
 
     @field_validator("tito_model", mode="before")
     @classmethod

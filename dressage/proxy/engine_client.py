@@ -372,7 +372,10 @@ class EngineClient:
     def _client(self) -> httpx.AsyncClient:
         if self._control is None:
             headers = {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            self._control = httpx.AsyncClient(timeout=30.0, headers=headers)
+            # An engine's uvicorn closes connections idle for 5 s; dropping ours after 2 s keeps
+            # a control call from reusing one the engine is closing (a spurious ReadError).
+            limits = httpx.Limits(keepalive_expiry=2.0)
+            self._control = httpx.AsyncClient(timeout=30.0, headers=headers, limits=limits)
         return self._control
 
     async def _control_call(
@@ -444,6 +447,18 @@ class EngineClient:
         if not isinstance(info, dict):
             raise EngineError(self.url, f"GET /model_info: unexpected answer {info!r:.200}")
         return info
+
+    async def server_info(self) -> dict[str, Any]:
+        """``GET /server_info`` (``/get_server_info`` on a 404); {} when the engine has neither."""
+        for path in ("/server_info", "/get_server_info"):
+            response = await self._control_call("GET", f"{self.url}{path}")
+            if response.status_code == 404:
+                continue
+            if response.status_code != 200:
+                raise EngineRejectedError(self.url, response.status_code, response.text[:500])
+            info = response.json()
+            return info if isinstance(info, dict) else {}
+        return {}
 
     async def weight_version(self) -> str:
         """The engine's current ``weight_version`` (from ``/model_info``)."""

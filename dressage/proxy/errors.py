@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "BadRequest",
+    "ClientClosedRequest",
     "Conflict",
     "EngineFailure",
     "PauseCapExceeded",
@@ -80,6 +81,15 @@ class PauseCapExceeded(ProxyError):
     status = 409
     type = "conflict_error"
     code = "max_pauses_exceeded"
+
+
+class ClientClosedRequest(ProxyError):
+    """The agent closed its connection before its call had generated anything; nothing was
+    recorded. 499, as nginx logs it: no client is left to read it."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_closed_request"
 
 
 class RequestTooLarge(ProxyError):

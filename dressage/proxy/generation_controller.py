@@ -24,15 +24,22 @@ Two seams, both filled by :class:`~dressage.proxy.pause.PauseController` in the 
 
 If the engine fails after part of the output was produced, the :class:`EngineError` carries
 that partial generation (``partial_generation``) so that the session can record it.
+
+A call may carry ``client_gone``, an event the server sets when the agent's connection closes.
+From then on the controller asks the engine to abort the call's request (the engine answers with
+what it had generated, finish ``abort``), starts no further engine request, stops waiting for a
+pause to end, and never resumes: the generation comes back with ``client_gone`` set, for the
+session to record as unanswered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -49,6 +56,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -79,6 +87,9 @@ class Generation:
     keep_partial: bool = False
     """The rollout asked this call to keep its partial output across a rollout pause (the
     policy's own switch, ``--dressage-partial-rollout``, covers every call)."""
+    client_gone: bool = False
+    """The agent's connection closed during the call: the engine was asked to abort it and
+    nothing of it reaches the agent."""
 
     @property
     def finish_type(self) -> str:
@@ -187,10 +198,49 @@ class GenerationController:
         # One rid per engine request; all share the call's prefix, so a prefix abort hits all.
         return f"{request_id}-{generation.engine_requests}"
 
-    async def _resume(self, session_id: str, generation: Generation) -> bool:
-        if generation.finish_type != "abort":
+    async def _resume(
+        self, session_id: str, generation: Generation, gone: asyncio.Event | None
+    ) -> bool:
+        if generation.finish_type != "abort" or generation.client_gone:
             return False
-        return await self.resume_policy.should_resume(session_id, generation)
+        resume = await _unless_gone(self.resume_policy.should_resume(session_id, generation), gone)
+        if isinstance(resume, _Gone):  # the agent left while the call waited for a pause to end
+            generation.client_gone = True
+            return False
+        return resume
+
+    async def _admit(
+        self, session_id: str, generation: Generation, gone: asyncio.Event | None
+    ) -> bool:
+        """Admit the next engine request; False when the agent left first (none is sent)."""
+        if gone is not None and gone.is_set():
+            generation.client_gone = True
+            return False
+        if isinstance(await _unless_gone(self.gate.admit(session_id, generation), gone), _Gone):
+            generation.client_gone = True
+            return False
+        return True
+
+    @contextmanager
+    def _abort_when_gone(
+        self, rid: str, generation: Generation, gone: asyncio.Event | None
+    ) -> Iterator[None]:
+        """While the block runs, a client disconnect aborts engine request ``rid``: the engine
+        then ends it with what it has generated, which the block receives as usual."""
+        if gone is None:
+            yield
+            return
+
+        async def watch() -> None:
+            await gone.wait()
+            generation.client_gone = True
+            await self._abort(rid)
+
+        task = asyncio.get_running_loop().create_task(watch())
+        try:
+            yield
+        finally:
+            task.cancel()
 
     async def generate(
         self,
@@ -200,19 +250,22 @@ class GenerationController:
         *,
         request_id: str,
         keep_partial: bool = False,
+        client_gone: asyncio.Event | None = None,
     ) -> Generation:
         """Generate to a final finish (stop, length, or an abort that is not resumed)."""
         generation = Generation(request_id=request_id, keep_partial=keep_partial)
         while True:
             rid = self._rid(request_id, generation)
-            await self.gate.admit(session_id, generation)
+            if not await self._admit(session_id, generation, client_gone):
+                return generation
             try:
-                out = await self.engine.generate(
-                    prompt.extended(generation.output_ids),
-                    _remaining(sampling_params, len(generation.output_ids)),
-                    rid=rid,
-                    routing_key=session_id,
-                )
+                with self._abort_when_gone(rid, generation, client_gone):
+                    out = await self.engine.generate(
+                        prompt.extended(generation.output_ids),
+                        _remaining(sampling_params, len(generation.output_ids)),
+                        rid=rid,
+                        routing_key=session_id,
+                    )
             except asyncio.CancelledError:
                 self._abort_in_background(rid)
                 raise
@@ -223,7 +276,7 @@ class GenerationController:
                 self.gate.release(generation)
             generation.engine_requests += 1
             generation.add(out)
-            if not await self._resume(session_id, generation):
+            if not await self._resume(session_id, generation, client_gone):
                 return generation
 
     async def generate_stream(
@@ -234,12 +287,15 @@ class GenerationController:
         *,
         request_id: str,
         keep_partial: bool = False,
+        client_gone: asyncio.Event | None = None,
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Like :meth:`generate`, yielding tokens as the engine streams them."""
         generation = Generation(request_id=request_id, keep_partial=keep_partial)
         while True:
             rid = self._rid(request_id, generation)
-            await self.gate.admit(session_id, generation)
+            if not await self._admit(session_id, generation, client_gone):
+                yield GenerationDelta([], [], [], done=generation)
+                return
             stream = self.engine.generate_stream(
                 prompt.extended(generation.output_ids),
                 _remaining(sampling_params, len(generation.output_ids)),
@@ -248,11 +304,12 @@ class GenerationController:
             )
             finished = False
             try:
-                async for out in stream:
-                    generation.add(out)
-                    if out.output_ids:
-                        generation.streamed = True
-                        yield GenerationDelta(out.output_ids, out.logprobs, out.versions)
+                with self._abort_when_gone(rid, generation, client_gone):
+                    async for out in stream:
+                        generation.add(out)
+                        if out.output_ids:
+                            generation.streamed = True
+                            yield GenerationDelta(out.output_ids, out.logprobs, out.versions)
                 finished = True
             except EngineError as exc:
                 _attach_partial(exc, generation)
@@ -263,24 +320,45 @@ class GenerationController:
                 if not finished:  # the agent went away (or we failed): stop the engine too
                     self._abort_in_background(rid)
             generation.engine_requests += 1
-            if not await self._resume(session_id, generation):
+            if not await self._resume(session_id, generation, client_gone):
                 yield GenerationDelta([], [], [], done=generation)
                 return
 
     def forget(self, session_id: str) -> None:
         self.gate.forget(session_id)
 
-    def _abort_in_background(self, rid: str) -> None:
-        async def abort() -> None:
-            try:
-                await self.engine.abort(rid)
-            except (EngineError, httpx.HTTPError, ValueError) as exc:
-                # Best effort: SGLang also aborts a request whose client went away.
-                log.warning("could not abort engine request %s: %r", rid, exc)
+    async def _abort(self, rid: str) -> None:
+        try:
+            await self.engine.abort(rid)
+        except (EngineError, httpx.HTTPError, ValueError) as exc:
+            # Best effort: SGLang also aborts a request whose client went away.
+            log.warning("could not abort engine request %s: %r", rid, exc)
 
-        task = asyncio.get_running_loop().create_task(abort())
+    def _abort_in_background(self, rid: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._abort(rid))
         _BACKGROUND.add(task)
         task.add_done_callback(_BACKGROUND.discard)
+
+
+class _Gone:
+    """What :func:`_unless_gone` returns when the agent left first."""
+
+
+async def _unless_gone(awaitable: Awaitable[T], gone: asyncio.Event | None) -> T | _Gone:
+    """``await awaitable``, or :class:`_Gone` (it is cancelled) when ``gone`` is set first."""
+    if gone is None:
+        return await awaitable
+    task = asyncio.ensure_future(awaitable)
+    waiter = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        return _Gone()
+    return task.result()
 
 
 def _attach_partial(exc: EngineError, generation: Generation) -> None:

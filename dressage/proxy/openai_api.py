@@ -14,11 +14,15 @@ TITO validates messages itself, naming the offending index). Mapping to SGLang s
 always rendered (so switching choices never rewrites the prompt) and the model's tool calls are
 always parsed. Decoding is not constrained: ``none`` does not stop the model from writing a call
 and ``required`` does not force one. ``logprobs: true`` returns the sampled tokens' log-probs;
-``top_logprobs`` and ``response_format`` other than text are refused (400).
+``top_logprobs`` and ``response_format`` other than text are refused (400). A tool's
+``parameters`` must be a JSON object (a JSON Schema), a message's ``role`` a string, and
+``chat_template_kwargs.enable_thinking`` a boolean. The body's schema, for the OpenAPI document,
+is in :mod:`~dressage.proxy.openai_schema`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -55,6 +59,7 @@ class ChatRequest:
 
     __slots__ = (
         "chat_template_kwargs",
+        "client_gone",
         "include_usage",
         "logprobs",
         "messages",
@@ -92,6 +97,8 @@ class ChatRequest:
         self.logprobs = logprobs
         self.partial_rollout = partial_rollout
         """The call's ``X-Dressage-Partial-Rollout: 1`` header (set by the server, not the body)."""
+        self.client_gone: asyncio.Event | None = None
+        """Set by the server when the agent's connection closes (see ``sessions``)."""
 
 
 def _is_int(value: Any) -> bool:
@@ -152,6 +159,19 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
                 f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}, "
                 f"got {tool!r:.200}",
                 param=f"tools[{i}]",
+            )
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise BadRequest(
+                f"tools[{i}].function.parameters must be a JSON Schema object, got "
+                f"{type(parameters).__name__} {parameters!r:.100}",
+                param=f"tools[{i}].function.parameters",
+            )
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise BadRequest(
+                f"tools[{i}].function.description must be a string, got {description!r:.100}",
+                param=f"tools[{i}].function.description",
             )
     return value or None
 
@@ -251,6 +271,12 @@ def parse_chat_request(body: Any, *, default_max_tokens: int | None = None) -> C
             raise BadRequest(
                 f"messages[{i}] must be an object, got {message!r:.100}", param="messages"
             )
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise BadRequest(
+                f"messages[{i}].role must be a string, got {type(role).__name__} {role!r:.100}",
+                param=f"messages[{i}].role",
+            )
     _refuse_unsupported(body)
     model = body.get("model", "")
     stream = body.get("stream", False)
@@ -262,6 +288,12 @@ def parse_chat_request(body: Any, *, default_max_tokens: int | None = None) -> C
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    thinking = kwargs.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise BadRequest(
+            f"chat_template_kwargs.enable_thinking must be true or false, got {thinking!r:.100}",
+            param="chat_template_kwargs.enable_thinking",
+        )
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise BadRequest("logprobs must be a boolean", param="logprobs")

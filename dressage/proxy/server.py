@@ -17,7 +17,8 @@ An agent points its OpenAI base URL at ``http://HOST:PORT/sessions/<session_id>/
     POST /v1/rollout/pause   {"reason", "mode", "timeout_seconds"} -> the pause report    (admin)
     POST /v1/rollout/resume  {"version", "reason"}                -> the resume report   (admin)
     GET  /v1/rollout/pause_state                                                         (admin)
-    GET  /health                                                                          (open)
+    GET  /health   {"status": "ok"}: the proxy serves (liveness)                         (open)
+    GET  /ready    200 when the engine answers its /health, else 503 saying what is down  (open)
 
 Rollout pause and resume (around weight updates) are described in :mod:`~dressage.proxy.pause`.
 A chat call with ``X-Dressage-Partial-Rollout: 1`` keeps its partial output across a pause even
@@ -26,15 +27,16 @@ switch decides; any other value: 400 naming the header); ``open`` sets the same 
 of a session, for agents whose headers the rollout cannot set (:mod:`~dressage.proxy.sessions`).
 
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
-key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413. Once the
-proxy accepts connections it prints ``DRESSAGE_PROXY_URL=http://HOST:PORT``. Routes are thin:
-the work is in :mod:`~dressage.proxy.sessions`.
+key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413; bad
+bodies a JSON 400 naming the field (:mod:`~dressage.proxy.http_io`). Once the proxy accepts
+connections it prints ``DRESSAGE_PROXY_URL=http://HOST:PORT``; uvicorn's settings are in
+:mod:`~dressage.proxy.serving`. Routes are thin: the chat routes are in
+:mod:`~dressage.proxy.chat_routes`, the work in :mod:`~dressage.proxy.sessions`.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import socket
@@ -45,45 +47,21 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.routing import Route
+from fastapi.responses import Response
 
 from dressage.auth import key_matches
+from dressage.proxy.chat_routes import SESSION_HEADERS, add_chat_routes
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv
 from dressage.proxy.encoding import install_encode_memo
-from dressage.proxy.engine_client import EngineClient, EngineError, EngineUnavailableError
-from dressage.proxy.errors import (
-    BadRequest,
-    EngineFailure,
-    ProxyError,
-    RequestTooLarge,
-    Unauthorized,
-)
+from dressage.proxy.engine_client import EngineClient, EngineError
+from dressage.proxy.errors import ProxyError, Unauthorized
 from dressage.proxy.generation_controller import GenerationController
-from dressage.proxy.openai_api import (
-    SSE_DONE,
-    ChatRequest,
-    completion_response,
-    dumps,
-    parse_chat_request,
-    sse_chunk,
-    sse_tool_call_deltas,
-    usage_block,
-)
-from dressage.proxy.pause import (
-    PauseController,
-    parse_partial_rollout_header,
-    parse_pause_request,
-    parse_resume_request,
-)
-from dressage.proxy.sessions import (
-    SessionManager,
-    StreamDelta,
-    StreamEnd,
-    StreamStart,
-    parse_open_request,
-)
+from dressage.proxy.http_io import as_proxy_error, json_response, read_optional_json
+from dressage.proxy.openai_schema import add_chat_to_openapi
+from dressage.proxy.pause import PauseController, parse_pause_request, parse_resume_request
+from dressage.proxy.serving import uvicorn_config
+from dressage.proxy.sessions import SessionManager, parse_open_request
 from dressage.proxy.store import StoreError, TrajectoryStore
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
 
@@ -94,12 +72,8 @@ __all__ = ["READY_PREFIX", "SESSION_HEADERS", "create_app", "load_proxy_tokenize
 
 log = logging.getLogger(__name__)
 READY_PREFIX = "DRESSAGE_PROXY_URL="
-SESSION_HEADERS = ("x-session-id", "x-dressage-session-id")
 VERSION = "dressage-proxy-0.1"
-
-
-def _json(payload: Any, status: int = 200) -> Response:
-    return Response(dumps(payload), status_code=status, media_type="application/json")
+_json = json_response
 
 
 def load_proxy_tokenizer(config: ProxyConfig) -> PreTrainedTokenizerBase:
@@ -131,48 +105,6 @@ class _Auth:
 
     def admin(self, request: Request) -> None:
         self._check(request, self.admin_keys, "session and control endpoints")
-
-
-async def _read_json(request: Request, limit: int) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(f"the request body ({declared} bytes) exceeds {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLarge(f"the request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
-
-
-async def _read_optional_json(request: Request, limit: int) -> Any:
-    """A control body: JSON, or None when the body is empty."""
-    raw = await request.body()
-    if len(raw) > limit:
-        raise RequestTooLarge(f"the request body exceeds {limit} bytes")
-    if not raw.strip():
-        return None
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
-
-
-def _as_proxy_error(exc: Exception) -> ProxyError:
-    if isinstance(exc, ProxyError):
-        return exc
-    if isinstance(exc, EngineError):
-        code = "engine_unavailable" if isinstance(exc, EngineUnavailableError) else "engine_error"
-        if 400 <= exc.status < 500:
-            code = "engine_rejected"
-        return EngineFailure(str(exc), status=exc.status, code=code)
-    if isinstance(exc, StoreError):
-        return ProxyError(f"trajectory store failure: {exc}", code="store_error")
-    return ProxyError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 
 
 def create_app(
@@ -233,7 +165,7 @@ def create_app(
     @app.exception_handler(EngineError)
     @app.exception_handler(StoreError)
     async def proxy_error(request: Request, exc: Exception) -> Response:
-        error = _as_proxy_error(exc)
+        error = as_proxy_error(exc)
         if error.status >= 500:
             log.error("%s %s -> %d: %s", request.method, request.url.path, error.status, exc)
         return _json(error.body(), error.status)
@@ -241,62 +173,18 @@ def create_app(
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.exception("%s %s failed", request.method, request.url.path)
-        return _json(_as_proxy_error(exc).body(), 500)
+        return _json(as_proxy_error(exc).body(), 500)
 
     auth = _Auth(config)
-    _add_chat(app, manager, auth, config)
+    add_chat_routes(app, manager, config, check_key=auth.chat)
+    _add_info(app, engine, auth, config)
     _add_sessions(app, manager, auth, config)
     _add_rollout_control(app, pause, auth, config)
+    add_chat_to_openapi(app)
     return app
 
 
-def _add_chat(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyConfig) -> None:
-    async def chat(request: Request, session_id: str | None) -> Response:
-        auth.chat(request)
-        if session_id is None:
-            session_id = next(
-                (request.headers[h] for h in SESSION_HEADERS if h in request.headers), None
-            )
-        if not session_id:
-            raise BadRequest(
-                "no session: use the base URL .../sessions/<session_id>/v1 or send an "
-                "X-Session-Id header",
-                param="session_id",
-                code="missing_session",
-            )
-        partial_rollout = parse_partial_rollout_header(request.headers.get(PARTIAL_ROLLOUT_HEADER))
-        body = await _read_json(request, config.max_request_bytes)
-        chat_request = parse_chat_request(body, default_max_tokens=config.default_max_tokens)
-        chat_request.partial_rollout = partial_rollout
-        model = chat_request.model or config.served_model_name
-        if chat_request.stream:
-            return await _stream(manager, session_id, chat_request, model)
-        result = await manager.chat(session_id, chat_request)
-        usage = usage_block(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
-        return _json(
-            completion_response(
-                completion_id=result.completion_id,
-                model=model,
-                message=result.message,
-                finish_reason=result.finish_reason,
-                usage=usage,
-                weight_version=result.weight_version,
-                logprobs=result.logprobs,
-            )
-        )
-
-    async def chat_by_header(request: Request) -> Response:
-        return await chat(request, None)
-
-    async def chat_by_path(request: Request) -> Response:
-        return await chat(request, request.path_params["session_id"])
-
-    # Plain Starlette routes: the hot path skips FastAPI's per-request parameter solving.
-    app.router.routes.append(Route("/v1/chat/completions", chat_by_header, methods=["POST"]))
-    app.router.routes.append(
-        Route("/sessions/{session_id}/v1/chat/completions", chat_by_path, methods=["POST"])
-    )
-
+def _add_info(app: FastAPI, engine: EngineClient, auth: _Auth, config: ProxyConfig) -> None:
     def models_body() -> dict[str, Any]:
         card = {
             "id": config.served_model_name,
@@ -333,67 +221,28 @@ def _add_chat(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyC
                 "partial_rollout_header": PARTIAL_ROLLOUT_HEADER,
                 "store_fsync": config.store_fsync,
                 "max_request_bytes": config.max_request_bytes,
+                "default_max_tokens": config.default_max_tokens,
             }
         )
 
     @app.get("/health")
     async def health() -> Response:
+        """Liveness: the proxy serves. Whether it can generate is ``/ready``."""
         return _json({"status": "ok"})
 
-
-async def _stream(
-    manager: SessionManager, session_id: str, chat_request: ChatRequest, model: str
-) -> Response:
-    events = manager.chat_stream(session_id, chat_request)
-    try:
-        first = await events.__anext__()
-    except BaseException:
-        await events.aclose()
-        raise
-    assert isinstance(first, StreamStart)
-    include_usage = chat_request.include_usage
-
-    async def sse() -> AsyncIterator[bytes]:
-        cid, created = first.completion_id, int(time.time())
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            return sse_chunk(cid, created, model, delta, finish_reason=finish,
-                             with_usage_key=include_usage)  # fmt: skip
-
-        try:
-            yield chunk({"role": "assistant", "content": ""})
-            async for event in events:
-                if isinstance(event, StreamDelta):
-                    yield chunk(event.fields)
-                elif isinstance(event, StreamEnd):
-                    result = event.result
-                    if event.fields:
-                        yield chunk(event.fields)
-                    for delta in sse_tool_call_deltas(result.message):
-                        yield chunk(delta)
-                    yield chunk({}, result.finish_reason)
-                    if include_usage:
-                        usage = usage_block(
-                            result.prompt_tokens, result.completion_tokens, result.cached_tokens
-                        )
-                        yield sse_chunk(cid, created, model, None, usage=usage)
-        except (ProxyError, EngineError, StoreError) as exc:
-            # The HTTP status is sent already: the error travels in the stream (the SDK raises).
-            error = _as_proxy_error(exc)
-            log.error("session %s: stream failed: %s", session_id, exc)
-            yield b"data: " + dumps(error.body()) + b"\n\n"
-        finally:
-            await events.aclose()
-        yield SSE_DONE
-
-    return StreamingResponse(sse(), media_type="text/event-stream")
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: 503 naming what is down (never where the engine runs)."""
+        if await engine.healthy():
+            return _json({"status": "ready", "engine": "ok"})
+        return _json({"status": "not_ready", "engine": "unreachable or unhealthy"}, 503)
 
 
 def _add_sessions(app: FastAPI, manager: SessionManager, auth: _Auth, config: ProxyConfig) -> None:
     @app.post("/v1/sessions/{session_id}/open")
     async def open_session(request: Request, session_id: str) -> Response:
         auth.admin(request)
-        body = await _read_optional_json(request, config.max_request_bytes)
+        body = await read_optional_json(request, config.max_request_bytes)
         partial_rollout = parse_open_request(body)
         return _json(await manager.open_session(session_id, partial_rollout=partial_rollout))
 
@@ -447,7 +296,7 @@ def _add_rollout_control(
     app: FastAPI, pause: PauseController, auth: _Auth, config: ProxyConfig
 ) -> None:
     async def body(request: Request) -> Any:
-        return await _read_optional_json(request, config.max_request_bytes)
+        return await read_optional_json(request, config.max_request_bytes)
 
     @app.post("/v1/rollout/pause")
     async def pause_rollout(request: Request) -> Response:
@@ -508,9 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             await super().startup(sockets=sockets)
             print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
 
-    server = _Server(
-        uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
-    )
+    server = _Server(uvicorn_config(app, log_level=log_level))
     server.run(sockets=[sock])
     return 0
 

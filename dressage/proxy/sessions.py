@@ -29,6 +29,20 @@ while paused), the step is recorded with those tokens and finish reason ``abort`
 409 ``max_pauses_exceeded``; its trajectory is marked ``no_grad_reason`` in the store (the step
 that was cut short is recorded first).
 
+A call's input is bounded by the engine's context (:mod:`~dressage.proxy.limits`): one that
+cannot fit is refused before it is tokenized, one whose prompt is too long after tokenizing is
+refused before the engine sees it, and a call without ``max_tokens`` gets the proxy's bounded
+default (``--default-max-tokens``) within what the context leaves. Tokenizing a large input
+(over ``OFFLOAD_CHARS`` new characters) runs on a worker thread, on a copy of the segment's
+state, so that other sessions and ``/health`` go on meanwhile.
+
+An agent that closes its connection mid-call (a client timeout) is not kept generating for: the
+server sets the call's ``client_gone`` event, the engine request is aborted, and what it had
+generated is recorded as an unanswered step (finish reason ``abort``,
+``extra["client_disconnected"]``) and the trajectory is marked ``no_grad_reason``: tokens the
+agent never received must not train as if it had acted on them. A call that had generated
+nothing records nothing.
+
 Partial rollout per call: a call keeps its partial output across a pause when the proxy runs
 with ``--dressage-partial-rollout``, or when the rollout asked it of the call: by the call's
 ``X-Dressage-Partial-Rollout: 1`` header (what a client the rollout builds can send), or by
@@ -42,29 +56,44 @@ kept in the store (it survives a restart). The step records who asked (``extra["
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections import Counter
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from dressage.proxy.config import ProxyConfig
-from dressage.proxy.engine_client import EngineError, PromptIds
+from dressage.proxy.engine_client import EngineError
 from dressage.proxy.errors import (
     BadRequest,
+    ClientClosedRequest,
     EngineFailure,
     PauseCapExceeded,
     SessionClosed,
-    SessionNotFound,
 )
 from dressage.proxy.generation_controller import Generation, GenerationController
+from dressage.proxy.limits import EngineContext, InputLimits, default_budget, input_chars
 from dressage.proxy.openai_api import ChatRequest, new_completion_id
+from dressage.proxy.session_registry import (
+    OpenSession,
+    SessionRegistry,
+    check_session_id,
+    parse_open_request,
+)
 from dressage.proxy.store import TrajectoryStore
 from dressage.proxy.streaming import STREAM_FORMATS, IncrementalDecoder, StreamSplitter
-from dressage.proxy.tito import TITOInputError, TITOState, TITOTokenizer
-from dressage.proxy.turns import PROXY_RESTARTED, Turn, assistant_message, finish_reason, plan_turn
-from dressage.trajectory import Segment, StepRecord
+from dressage.proxy.tito import TITOInputError, TITOTokenizer
+from dressage.proxy.turns import (
+    PROXY_RESTARTED,
+    Turn,
+    assistant_message,
+    finish_reason,
+    plan_turn,
+    step_extra,
+    token_logprobs,
+)
+from dressage.trajectory import StepRecord
 
 __all__ = [
     "PROXY_RESTARTED",
@@ -73,57 +102,12 @@ __all__ = [
     "StreamDelta",
     "StreamEnd",
     "StreamStart",
+    "check_session_id",
     "parse_open_request",
 ]
 
-_SESSION_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
-
-
-def check_session_id(session_id: str) -> str:
-    """Session ids: 1-128 characters of ``[A-Za-z0-9._:-]`` (URL path and routing key safe)."""
-    if not 0 < len(session_id) <= 128 or not _SESSION_ID_CHARS.issuperset(session_id):
-        raise BadRequest(
-            f"session id {session_id[:140]!r} must be 1-128 characters of [A-Za-z0-9._:-]",
-            param="session_id",
-        )
-    return session_id
-
-
-def parse_open_request(body: Any) -> bool:
-    """``POST /v1/sessions/{id}/open`` body ``{"partial_rollout"?: bool}`` (none: false): the
-    session's partial rollout flag. Anything else is a 400 naming the field."""
-    if body is None:
-        return False
-    if not isinstance(body, dict):
-        raise BadRequest(f"open: the body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - {"partial_rollout"})
-    if unknown:
-        raise BadRequest(f"open: unknown fields {unknown}; allowed: ['partial_rollout']")
-    value = body.get("partial_rollout", False)
-    if not isinstance(value, bool):
-        raise BadRequest(
-            f"open: partial_rollout must be true or false, got {value!r}", param="partial_rollout"
-        )
-    return value
-
-
-class _Session:
-    """In-memory state of an open session (kept small: the TITO state is most of it)."""
-
-    __slots__ = ("id", "lock", "next_step", "prompt", "restarted", "segment", "state", "closed")
-
-    def __init__(self, session_id: str, *, next_step: int = 0, segment: int = -1) -> None:
-        self.id = session_id
-        self.lock = asyncio.Lock()
-        self.state: TITOState | None = None
-        """TITO state of the current segment (None before the first call and after a restart)."""
-        self.prompt = PromptIds(b"", 0)
-        """``state.ids`` as JSON text (each recorded step appends its part)."""
-        self.segment = segment
-        """Index of the current segment (of the last recorded step when ``state`` is None)."""
-        self.next_step = next_step
-        self.restarted = next_step > 0
-        self.closed = False
+OFFLOAD_CHARS = 32_768
+"""New message characters above which TITO runs on a worker thread (~20 ms of tokenizing)."""
 
 
 @dataclass
@@ -159,8 +143,8 @@ class StreamEnd:
     """What is left to send of the recorded message (see :mod:`~dressage.proxy.streaming`)."""
 
 
-class SessionManager:
-    """All sessions of one proxy (see the module docstring)."""
+class SessionManager(SessionRegistry):
+    """All sessions of one proxy and their calls (see the module docstring)."""
 
     def __init__(
         self,
@@ -169,54 +153,58 @@ class SessionManager:
         store: TrajectoryStore,
         config: ProxyConfig,
     ) -> None:
+        super().__init__(store, controller)
         self.tito = tito
-        self.controller = controller
-        self.store = store
         self.config = config
-        self._open: dict[str, _Session] = {}
+        self.limits = InputLimits(controller.engine, tito.tokenizer)
         self._stream_format = STREAM_FORMATS.get(tito.parser_family or "")
-        self.counters: Counter[str] = Counter()
-
-    # ------------------------------------------------------------------------------ lookup
-    def _session(self, session_id: str) -> _Session:
-        session = self._open.get(session_id)
-        if session is not None:
-            return session
-        record = self.store.sessions.get(session_id)
-        if record is not None and record.status != "open":
-            raise SessionClosed(f"session {session_id} is {record.status}; start a new session")
-        if record is None:
-            session = _Session(check_session_id(session_id))
-        else:  # recorded before a restart: its next call opens a new segment
-            session = _Session(
-                session_id, next_step=record.next_step_index, segment=record.last_segment_index
-            )
-        self._open[session_id] = session
-        return session
-
-    def exists(self, session_id: str) -> bool:
-        return session_id in self._open or session_id in self.store.sessions
 
     # ------------------------------------------------------------------------------ a call
-    def _begin(self, session: _Session, request: ChatRequest) -> Turn:
+    async def _begin(
+        self, session: OpenSession, request: ChatRequest
+    ) -> tuple[Turn, EngineContext | None]:
+        """The call's turn, within the engine's context (see the module docstring)."""
+        where = f"session {session.id}"
+        context = await self.limits.context()
+        self.limits.refuse_impossible(input_chars(request.messages), context, where)
+        state = session.state
+        known = len(state.messages) if state is not None else 0
+        offload = input_chars(request.messages[known:]) > OFFLOAD_CHARS
+        plan = functools.partial(
+            plan_turn,
+            self.tito,
+            segment=session.segment,
+            prompt=session.prompt,
+            restarted=session.restarted,
+        )
         try:
-            return plan_turn(
-                self.tito,
-                session.state,
-                request,
-                segment=session.segment,
-                prompt=session.prompt,
-                restarted=session.restarted,
-            )
+            if offload:  # on a copy: nothing the thread does touches the session's own state
+                copy = state.copy() if state is not None else None
+                turn = await asyncio.to_thread(plan, copy, request)
+            else:
+                turn = plan(state, request)
         except TITOInputError as exc:
-            raise BadRequest(f"session {session.id}: {exc}", param="messages") from None
+            raise BadRequest(f"{where}: {exc}", param="messages") from None
+        try:
+            self.limits.refuse_too_long(turn.prompt.length, context, where)
+        except BadRequest:
+            turn.undo()
+            raise
+        return turn, context
 
-    def _sampling(self, request: ChatRequest) -> dict[str, Any]:
+    def _sampling(
+        self, request: ChatRequest, turn: Turn, context: EngineContext | None
+    ) -> dict[str, Any]:
         stops = self.tito.stop_token_ids
         extra = request.sampling.get("stop_token_ids")
         if extra:
             stops = [*stops, *(t for t in extra if t not in stops)]
-        return {**request.sampling, "stop_token_ids": stops}
+        sampling = {**request.sampling, "stop_token_ids": stops}
+        if sampling.get("max_new_tokens") is None:
+            sampling["max_new_tokens"] = default_budget(
+                self.config.default_max_tokens, turn.prompt.length, context
+            )
+        return sampling
 
     def _keep_partial(self, session_id: str, request: ChatRequest) -> bool:
         """The rollout asked this call to keep its partial output (header or session flag)."""
@@ -225,42 +213,9 @@ class SessionManager:
         record = self.store.sessions.get(session_id)
         return record is not None and record.partial_rollout
 
-    def _step_extra(
-        self, turn: Turn, request: ChatRequest, gen: Generation, error: str | None
-    ) -> dict[str, Any]:
-        extra: dict[str, Any] = {
-            "weight_version": gen.weight_version,
-            "engine_finish": gen.finish,
-            "engine_requests": gen.engine_requests,
-            "model": request.model,
-        }
-        if gen.cached_tokens is not None:
-            extra["cached_tokens"] = gen.cached_tokens
-        if gen.pauses:
-            extra["pauses"] = gen.pauses
-        if gen.discarded_tokens:
-            extra["discarded_tokens"] = gen.discarded_tokens
-        if gen.no_grad_reason:
-            extra["no_grad_reason"] = gen.no_grad_reason
-        if error:
-            extra["engine_error"] = error
-        if gen.keep_partial:
-            extra["partial_rollout"] = "header" if request.partial_rollout else "session"
-        if turn.prefix_length == 0:
-            flags = self.config.segment_flags()
-            flags["dressage_partial_rollout"] = self.config.partial_rollout or gen.keep_partial
-            extra["segment"] = {
-                "flags": flags,
-                "tools": request.tools,
-                "chat_template_kwargs": request.chat_template_kwargs,
-            }
-        if turn.boundary_reason:
-            extra["boundary_detail"] = turn.boundary_detail
-        return extra
-
     async def _record(
         self,
-        session: _Session,
+        session: OpenSession,
         turn: Turn,
         request: ChatRequest,
         generation: Generation,
@@ -271,7 +226,11 @@ class SessionManager:
     ) -> ChatResult:
         """Parse, append to the TITO state, store the step durably, then commit the session."""
         message = assistant_message(self.tito, turn, generation)
-        finish = finish_reason(generation, message)
+        gone = request.client_gone
+        unanswered = generation.client_gone or (gone is not None and gone.is_set())
+        # An answer the agent never received ends the segment as an abort, whatever the engine
+        # said: the agent will go on from a history without it.
+        finish = "abort" if unanswered else finish_reason(generation, message)
         prompt_end = len(turn.state.ids)
         self.tito.record_output(turn.state, generation.output_ids, assistant_message=message)
         try:
@@ -290,7 +249,7 @@ class SessionManager:
                 ended_at=time.time(),
                 boundary_reason=turn.boundary_reason,
                 request_id=completion_id,
-                extra=self._step_extra(turn, request, generation, error),
+                extra=step_extra(self.config, turn, request, generation, error, unanswered),
             )
         except ValueError as exc:  # the engine's answer breaks a record invariant
             raise EngineFailure(
@@ -316,6 +275,13 @@ class SessionManager:
         if turn.boundary_reason:
             self.counters[f"boundary:{turn.boundary_reason}"] += 1
         await durable
+        if unanswered:
+            self.counters["client_disconnected"] += 1
+            await self.store.mark_no_grad(
+                session.id,
+                f"step {step.step_index} ({completion_id}): the client disconnected before the "
+                f"answer; its {len(generation.output_ids)} generated tokens were never delivered",
+            )
         return ChatResult(
             completion_id=completion_id,
             message=message,
@@ -325,12 +291,12 @@ class SessionManager:
             cached_tokens=generation.cached_tokens,
             weight_version=generation.weight_version,
             step=step,
-            logprobs=self._logprobs(generation) if request.logprobs else None,
+            logprobs=token_logprobs(self.tito, generation) if request.logprobs else None,
         )
 
     async def _keep_interrupted(
         self,
-        session: _Session,
+        session: OpenSession,
         turn: Turn,
         request: ChatRequest,
         exc: Exception,
@@ -349,32 +315,12 @@ class SessionManager:
             )
             self.counters["interrupted_calls_recorded"] += 1
 
-    async def _check_no_grad(self, session: _Session, generation: Generation) -> None:
+    async def _check_no_grad(self, session: OpenSession, generation: Generation) -> None:
         """The pause cap ended this call (its step is recorded): mark the trajectory, fail."""
         if generation.no_grad_reason:
             await self.store.mark_no_grad(session.id, generation.no_grad_reason)
             self.counters["pause_cap_exceeded"] += 1
             raise PauseCapExceeded(generation.no_grad_reason)
-
-    def _logprobs(self, generation: Generation) -> list[dict[str, Any]]:
-        out = []
-        for token_id, logprob in zip(generation.output_ids, generation.logprobs, strict=True):
-            token = self.tito.decode([token_id])
-            out.append(
-                {
-                    "token": token,
-                    "logprob": logprob,
-                    "bytes": list(token.encode()),
-                    "top_logprobs": [],
-                }
-            )
-        return out
-
-    def _open_for_call(self, session_id: str) -> _Session:
-        session = self._session(session_id)
-        if session.closed:
-            raise SessionClosed(f"session {session_id} was finalized or discarded")
-        return session
 
     async def chat(self, session_id: str, request: ChatRequest) -> ChatResult:
         """One non-streaming chat call, recorded before it returns."""
@@ -383,22 +329,24 @@ class SessionManager:
             if session.closed:
                 raise SessionClosed(f"session {session_id} was finalized or discarded")
             started = time.time()
-            turn = self._begin(session, request)
+            turn, context = await self._begin(session, request)
             completion_id = new_completion_id()
             try:
                 try:
                     generation = await self.controller.generate(
                         session_id,
                         turn.prompt,
-                        self._sampling(request),
+                        self._sampling(request, turn, context),
                         request_id=completion_id,
                         keep_partial=self._keep_partial(session_id, request),
+                        client_gone=request.client_gone,
                     )
                 except (EngineError, PauseCapExceeded) as exc:
                     await self._keep_interrupted(
                         session, turn, request, exc, completion_id, started
                     )
                     raise
+                _refuse_if_nothing_to_keep(session_id, generation)
                 result = await self._record(
                     session, turn, request, generation, completion_id, started
                 )
@@ -421,7 +369,7 @@ class SessionManager:
             if session.closed:
                 raise SessionClosed(f"session {session_id} was finalized or discarded")
             started = time.time()
-            turn = self._begin(session, request)
+            turn, context = await self._begin(session, request)
             completion_id = new_completion_id()
             splitter = StreamSplitter(
                 self._stream_format,
@@ -433,9 +381,10 @@ class SessionManager:
                 deltas = self.controller.generate_stream(
                     session_id,
                     turn.prompt,
-                    self._sampling(request),
+                    self._sampling(request, turn, context),
                     request_id=completion_id,
                     keep_partial=self._keep_partial(session_id, request),
+                    client_gone=request.client_gone,
                 )
                 async with aclosing(deltas):
                     generation: Generation | None = None
@@ -457,6 +406,7 @@ class SessionManager:
                         )
                         raise
                 assert generation is not None
+                _refuse_if_nothing_to_keep(session_id, generation)
                 # a character split at the very end: sent with the closing deltas
                 tail = splitter.push(decoder.flush())
                 result = await self._record(
@@ -475,86 +425,11 @@ class SessionManager:
                 closing[key] = text + closing.get(key, "")
             yield StreamEnd(result, closing)
 
-    # ------------------------------------------------------------------------------ session API
-    async def open_session(self, session_id: str, *, partial_rollout: bool) -> dict[str, Any]:
-        """Open (or find) a session and set what its calls ask (see the module docstring)."""
-        session = self._open_for_call(session_id)  # a closed session: 409, nothing written
-        await self.store.set_partial_rollout(session.id, partial_rollout)
-        return {"session_id": session.id, "status": "open", "partial_rollout": partial_rollout}
 
-    async def _close(self, session_id: str, act: Callable[[str], Awaitable[Any]]) -> Any:
-        """``act(session_id)`` on the store, after any call in flight, and forget the session."""
-        session = self._open.get(session_id)
-        if session is None:
-            return await act(session_id)
-        async with session.lock:
-            session.closed = True
-            result = await act(session_id)
-        self._open.pop(session_id, None)
-        return result
-
-    async def finalize(self, session_id: str) -> list[Segment]:
-        """Close the session (after any call in flight) and return its segments."""
-        if not self.exists(session_id):
-            raise SessionNotFound(f"session {session_id} is unknown")
-        record = self.store.sessions.get(session_id)
-        if record is not None and record.status == "discarded":
-            raise SessionClosed(f"session {session_id} was discarded; it has no segments")
-        segments: list[Segment] = await self._close(session_id, self.store.finalize)
-        self.controller.forget(session_id)
-        self.counters["finalized"] += 1
-        return segments
-
-    async def discard(self, session_id: str) -> int:
-        """Drop the session; returns how many steps it had recorded."""
-        if not self.exists(session_id):
-            raise SessionNotFound(f"session {session_id} is unknown")
-        record = self.store.sessions.get(session_id)
-        if record is not None and record.status == "finalized":
-            raise SessionClosed(f"session {session_id} is finalized; it cannot be discarded")
-        await self._close(session_id, self.store.discard)
-        self.controller.forget(session_id)
-        self.counters["discarded"] += 1
-        record = self.store.sessions.get(session_id)
-        return record.num_steps if record is not None else 0
-
-    def trajectory(self, session_id: str) -> dict[str, Any]:
-        """Status, steps, (closed or final) segments and what the store lost of them, as plain
-        dicts (:meth:`TrajectoryStore.trajectory`)."""
-        if session_id in self.store.sessions:
-            return self.store.trajectory(session_id)
-        if session_id in self._open:  # no call recorded yet
-            empty: dict[str, Any] = {"steps": [], "segments": [], "damage": []}
-            return {"session_id": session_id, "status": "open", **empty}
-        raise SessionNotFound(f"session {session_id} is unknown")
-
-    def session_stats(self, session_id: str) -> dict[str, Any]:
-        record = self.store.sessions.get(session_id)
-        session = self._open.get(session_id)
-        if record is None and session is None:
-            raise SessionNotFound(f"session {session_id} is unknown")
-        return {
-            "session_id": session_id,
-            "status": record.status if record is not None else "open",
-            "steps": record.num_steps if record is not None else 0,
-            "segments": (record.last_segment_index + 1) if record is not None else 0,
-            "tokens": record.tokens if record is not None else 0,
-            "boundaries": dict(record.boundaries or {}) if record is not None else {},
-            "current_segment_tokens": len(session.state.ids)
-            if session is not None and session.state is not None
-            else 0,
-            "in_flight": bool(session is not None and session.lock.locked()),
-        }
-
-    def stats(self) -> dict[str, Any]:
-        statuses = Counter(r.status for r in self.store.sessions.values())
-        return {
-            "sessions": {
-                "in_memory": len(self._open),
-                "open": statuses["open"],
-                "finalized": statuses["finalized"],
-                "discarded": statuses["discarded"],
-            },
-            "in_flight": sum(1 for s in self._open.values() if s.lock.locked()),
-            "counters": dict(self.counters),
-        }
+def _refuse_if_nothing_to_keep(session_id: str, generation: Generation) -> None:
+    """The agent left before anything was generated: no step, a 499 nobody reads."""
+    if generation.client_gone and not generation.output_ids:
+        raise ClientClosedRequest(
+            f"session {session_id}: the client closed the connection before any token was "
+            "generated; nothing was recorded"
+        )

@@ -9,7 +9,10 @@ with output ids a script chooses, at once. It exists for three things the real e
 give: outputs a random tiny model never writes (tool calls, malformed tool calls, aborts at a
 chosen token), a router's behaviour (``GET /workers``, the 404 on ``/abort_request``, its 503
 error body), and an engine that costs nothing, so that the proxy benchmark measures only the
-proxy. It is a raw asyncio server (no framework) for that last reason::
+proxy. A reply with ``hold=True`` is a generation that runs until it is aborted: the engine
+sends its first token (streamed), then waits for ``/abort_request`` naming its rid and answers
+with all its ids and finish ``abort``, as SGLang does. ``context_length`` makes it answer
+``/server_info`` with that context. It is a raw asyncio server (no framework) for the cost::
 
     python -m dressage.proxy.testing --port 0 --output-file ids.json   # prints its URL
 """
@@ -45,6 +48,8 @@ class EngineReply:
     http_status: int = 200
     error_body: dict[str, Any] | None = None
     """Answer with this body and ``http_status`` instead of an output."""
+    hold: bool = False
+    """Generate until aborted (see the module docstring); ``finish`` is then ``abort``."""
 
 
 Script = Callable[[dict[str, Any]], EngineReply]
@@ -68,12 +73,20 @@ class ScriptedEngine:
     workers: list[str] | None = None
     logprob: float = -0.25
     record: bool = True
+    context_length: int | None = None
     seen: list[_Seen] = field(default_factory=list)
     url: str = ""
+    held: threading.Event = field(default_factory=threading.Event)
+    """Set when a ``hold`` generation has started (its first token is out, if streamed)."""
+    aborted: list[str] = field(default_factory=list)
+    """rids of the held generations that ``/abort_request`` ended."""
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    _holding: dict[str, asyncio.Event] = field(default_factory=dict)
 
-    def _generate(self, body: dict[str, Any]) -> tuple[int, bytes, bool]:
-        reply = self.script(body)
+    def _generate(
+        self, body: dict[str, Any], reply: EngineReply | None = None
+    ) -> tuple[int, bytes, bool]:
+        reply = reply or self.script(body)
         if reply.error_body is not None:
             return reply.http_status, json.dumps(reply.error_body).encode(), False
         params = body.get("sampling_params") or {}
@@ -117,7 +130,12 @@ class ScriptedEngine:
         return out + b"data: [DONE]\n\n"
 
     def handle(
-        self, method: str, path: str, headers: dict[str, str], raw: bytes
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        raw: bytes,
+        reply: EngineReply | None = None,
     ) -> tuple[int, bytes, str]:
         body: Any = None
         if raw:
@@ -128,7 +146,7 @@ class ScriptedEngine:
         if self.record and path != "/health":
             self.seen.append(_Seen(path, headers, body))
         if path == "/generate":
-            status, payload, stream = self._generate(body)
+            status, payload, stream = self._generate(body, reply)
             if stream and status == 200:
                 return 200, self._stream_body(body, payload), "text/event-stream"
             return status, payload, "application/json"
@@ -144,7 +162,16 @@ class ScriptedEngine:
         if path in ("/abort_request", "/pause_generation", "/continue_generation"):
             if self.workers is not None:  # routers have no control routes
                 return 404, b"Not Found", "text/plain"
+            if path == "/abort_request" and isinstance(body, dict):
+                prefix = str(body.get("rid") or "")
+                for rid, event in self._holding.items():
+                    if body.get("abort_all") or (prefix and rid.startswith(prefix)):
+                        event.set()
             return 200, b"", "application/json"
+        if path in ("/server_info", "/get_server_info") and self.context_length is not None:
+            limits = {"context_length": self.context_length}
+            limits["max_req_input_len"] = self.context_length - 1
+            return 200, json.dumps(limits).encode(), "application/json"
         if path in ("/model_info", "/get_model_info"):
             info = {"model_path": "scripted", "weight_version": self.weight_version}
             return 200, json.dumps(info).encode(), "application/json"
@@ -169,7 +196,12 @@ class ScriptedEngine:
                         name, _, value = line.partition(":")
                         headers[name.strip().lower()] = value.strip()
                 raw = await reader.readexactly(int(headers.get("content-length", "0")))
-                status, payload, kind = self.handle(method, path.split("?")[0], headers, raw)
+                route = path.split("?")[0]
+                reply = self._script_generate(route, raw)
+                if reply is not None and reply.hold:
+                    await self._hold(json.loads(raw), reply, writer)
+                    return
+                status, payload, kind = self.handle(method, route, headers, raw, reply)
                 writer.write(
                     b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
                     % (status, kind.encode(), len(payload))
@@ -178,6 +210,45 @@ class ScriptedEngine:
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    def _script_generate(self, route: str, raw: bytes) -> EngineReply | None:
+        """The script's reply to a ``/generate`` body (None for anything else)."""
+        if route != "/generate":
+            return None
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return None
+        return self.script(body) if isinstance(body, dict) else None
+
+    async def _hold(
+        self, body: dict[str, Any], reply: EngineReply, writer: asyncio.StreamWriter
+    ) -> None:
+        """Serve a ``hold`` reply (module docstring) on this connection; the caller closes it."""
+        if self.record:
+            self.seen.append(_Seen("/generate", {}, body))
+        rid = str(body.get("rid", ""))
+        self._holding[rid] = aborted = asyncio.Event()
+        stream = bool(body.get("stream"))
+        reply = EngineReply(reply.output_ids, finish="abort")
+        _, final, _ = self._generate(body, reply)
+        try:
+            if stream:  # the head and the first token now, the rest once aborted
+                events = self._stream_body(body, final).split(b"\n\n")
+                writer.write(b"HTTP/1.1 200 X\r\ncontent-type: text/event-stream\r\n")
+                writer.write(b"connection: close\r\n\r\n" + events[0] + b"\n\n")
+                await writer.drain()
+            self.held.set()
+            await aborted.wait()
+            self.aborted.append(rid)
+            if stream:
+                writer.write(b"\n\n".join(events[1:]))
+            else:
+                head = b"HTTP/1.1 200 X\r\ncontent-type: application/json\r\n"
+                writer.write(head + b"content-length: %d\r\n\r\n" % len(final) + final)
+            await writer.drain()
+        finally:
+            self._holding.pop(rid, None)
 
     async def serve(self, sock: socket.socket) -> None:
         # A deep backlog: hundreds of connections open at once (asyncio's default is 100, and a
@@ -223,15 +294,16 @@ class ScriptedEngine:
 
 @contextmanager
 def serve_app(app: Any, *, startup_timeout: float = 30.0) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a background thread, on a free loopback port."""
+    """Serve an ASGI app with uvicorn on a background thread, on a free loopback port, with
+    the proxy's settings (:mod:`~dressage.proxy.serving`)."""
     import uvicorn
+
+    from dressage.proxy.serving import uvicorn_config
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    )
+    server = uvicorn.Server(uvicorn_config(app, timeout_graceful_shutdown=2))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="dressage-proxy-http", daemon=True
     )

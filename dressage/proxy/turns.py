@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dressage.proxy.config import ProxyConfig
 from dressage.proxy.engine_client import PromptIds
 from dressage.proxy.generation_controller import Generation
 from dressage.proxy.openai_api import ChatRequest
@@ -23,6 +24,8 @@ __all__ = [
     "assistant_message",
     "finish_reason",
     "plan_turn",
+    "step_extra",
+    "token_logprobs",
 ]
 
 PROXY_RESTARTED = "proxy_restarted"
@@ -149,3 +152,57 @@ def finish_reason(generation: Generation, message: dict[str, Any]) -> str:
     if kind in ("abort", "length"):
         return kind
     return "tool_calls" if message.get("tool_calls") else "stop"
+
+
+def step_extra(
+    config: ProxyConfig,
+    turn: Turn,
+    request: ChatRequest,
+    gen: Generation,
+    error: str | None,
+    unanswered: bool,
+) -> dict[str, Any]:
+    """The step record's ``extra``: how the call ran, and the segment's settings on its first
+    step (see :mod:`~dressage.proxy.store`)."""
+    extra: dict[str, Any] = {
+        "weight_version": gen.weight_version,
+        "engine_finish": gen.finish,
+        "engine_requests": gen.engine_requests,
+        "model": request.model,
+    }
+    if gen.cached_tokens is not None:
+        extra["cached_tokens"] = gen.cached_tokens
+    if gen.pauses:
+        extra["pauses"] = gen.pauses
+    if gen.discarded_tokens:
+        extra["discarded_tokens"] = gen.discarded_tokens
+    if gen.no_grad_reason:
+        extra["no_grad_reason"] = gen.no_grad_reason
+    if error:
+        extra["engine_error"] = error
+    if unanswered:
+        extra["client_disconnected"] = True
+    if gen.keep_partial:
+        extra["partial_rollout"] = "header" if request.partial_rollout else "session"
+    if turn.prefix_length == 0:
+        flags = config.segment_flags()
+        flags["dressage_partial_rollout"] = config.partial_rollout or gen.keep_partial
+        extra["segment"] = {
+            "flags": flags,
+            "tools": request.tools,
+            "chat_template_kwargs": request.chat_template_kwargs,
+        }
+    if turn.boundary_reason:
+        extra["boundary_detail"] = turn.boundary_detail
+    return extra
+
+
+def token_logprobs(tito: TITOTokenizer, generation: Generation) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content``: each sampled token, its text, bytes and log-prob."""
+    out = []
+    for token_id, logprob in zip(generation.output_ids, generation.logprobs, strict=True):
+        token = tito.decode([token_id])
+        out.append(
+            {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+        )
+    return out

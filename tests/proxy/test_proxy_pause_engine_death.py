@@ -78,9 +78,11 @@ def test_engine_dying_while_paused(
                 assert not (await admin.pause_state())["paused"], "nothing stays paused"
                 plain, streamed = await asyncio.gather(*calls, return_exceptions=True)
                 assert isinstance(plain, openai.InternalServerError), plain
-                assert plain.status_code == 503 and engine_url in str(plain)
+                # agents see that the engine failed, never where it runs (the store keeps it)
+                assert plain.status_code == 503 and "engine at <engine>" in str(plain)
                 assert isinstance(streamed, openai.APIError), streamed
-                assert engine_url in str(streamed)
+                assert "engine at <engine>" in str(streamed)
+                assert engine_url not in str(plain) + str(streamed)
                 for session in ("dying-plain", "dying-stream"):
                     (step,) = (await admin.read_trajectory(session)).steps
                     first = wire.answers[f"{step.request_id}-0"]["meta_info"]

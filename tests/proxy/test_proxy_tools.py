@@ -229,5 +229,5 @@ def test_an_abort_with_an_error_status_is_an_error_and_records_nothing(
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         stats = httpx.get(f"{url}/v1/sessions/err/stats").json()
     assert info.value.status_code == 503
-    assert "engine at http://127.0.0.1" in info.value.message
+    assert "engine at <engine>" in info.value.message  # its address stays in the log
     assert stats["steps"] == 0 and stats["status"] == "open"

@@ -8,10 +8,10 @@ the one the proxy returned, tolerating what agents harmlessly change.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from dressage.http_json import JSONBodyError, parse_json_body
 from dressage.proxy.tito.state import TITOInputError
 
 __all__ = ["ROLES", "assistant_difference", "content_text", "template_form", "validate_messages"]
@@ -55,9 +55,10 @@ def _arguments(call: Any, index: int, j: int, message: dict[str, Any]) -> tuple[
         raise TITOInputError(f"{where} is malformed: needs function.name, got {call!r:.200}")
     arguments = function.get("arguments", "{}")
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as exc:
+        try:  # parsed as a request body is: bounded depth, no lone surrogates
+            raw = arguments.encode("utf-8", "surrogatepass")
+            arguments = parse_json_body(raw, what="the arguments") if arguments.strip() else {}
+        except JSONBodyError as exc:
             raise TITOInputError(
                 f"{where} ({function['name']}): arguments are not JSON ({exc}): {arguments!r:.200}"
             ) from None
@@ -80,7 +81,8 @@ def validate_messages(messages: Sequence[Any], start: int = 0) -> None:
     """Check ``messages[start:]``; ``messages[start - 1]`` is context for a leading tool message."""
     for i in range(start, len(messages)):
         message = messages[i]
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in ROLES:
             role = message.get("role") if isinstance(message, dict) else message
             raise TITOInputError(
                 f"message {i}: unknown role {role!r}; expected one of {sorted(ROLES)}"

@@ -1,0 +1,121 @@
+"""JSON request bodies as the proxy and the engine read them: parsed, and checked for what
+Python's ``json`` lets through but the rest of the request path cannot carry.
+
+    value = parse_json_body(raw)          # or JSONBodyError, naming the place: 400 for the caller
+
+``json.loads`` accepts two things that fail much later, as a 500 far from the input:
+
+- nesting deeper than the interpreter's recursion limit (``RecursionError`` in the parser
+  itself), and nesting just under it, which fails later in whatever walks the value again
+  (the template's ``tojson``, the store's ``json.dumps``). Bodies are capped at
+  :data:`MAX_DEPTH` levels;
+- a lone UTF-16 surrogate written as an escape (``"\\ud800x"``): a valid JSON string that is not
+  Unicode text, so the tokenizer (``TextInputSequence must be str``) and every UTF-8 encoder
+  refuse it. A surrogate pair (how ``ensure_ascii`` writes an emoji) is one character and fine.
+
+Both checks walk the value only when the raw bytes could hold the problem (more openers than
+:data:`MAX_DEPTH`; a ``\\uD800``-``\\uDFFF`` escape), so a plain body costs two byte scans.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = ["MAX_DEPTH", "JSONBodyError", "find_lone_surrogate", "parse_json_body"]
+
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have (a tool's JSON schema needs ~10)."""
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class JSONBodyError(ValueError):
+    """The body is not JSON the service can use; ``param`` is where (``messages[0].content``)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _place(path: tuple[str | int, ...], what: str = "the request body") -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out or what
+
+
+def _walk(
+    value: Any, *, depth_limit: bool, surrogates: bool, what: str = "the request body"
+) -> None:
+    """Depth-first over ``value`` (an explicit stack: the check must not recurse itself)."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if surrogates and not _encodable(item):
+                raise JSONBodyError(
+                    f"{_place(path, what)} holds a lone UTF-16 surrogate "
+                    f"(at character {_surrogate_index(item)}): not Unicode text",
+                    param=_place(path),
+                )
+            continue
+        if isinstance(item, dict):
+            children: Any = item.items()
+        elif isinstance(item, list):
+            children = enumerate(item)
+        else:
+            continue
+        if depth_limit and len(path) >= MAX_DEPTH:
+            raise JSONBodyError(
+                f"{what} nests arrays and objects deeper than {MAX_DEPTH} levels "
+                f"(at {_place(path, what)})",
+                param=_place(path[:1]) if path else None,
+            )
+        for key, child in children:
+            if surrogates and isinstance(key, str) and not _encodable(key):
+                raise JSONBodyError(
+                    f"a key of {_place(path)} holds a lone UTF-16 surrogate: not Unicode text",
+                    param=_place(path),
+                )
+            stack.append((child, (*path, key)))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate_index(text: str) -> int:
+    return next(i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF)
+
+
+def find_lone_surrogate(value: Any) -> str | None:
+    """Where the first string (or key) holding a lone surrogate is, or None."""
+    try:
+        _walk(value, depth_limit=False, surrogates=True)
+    except JSONBodyError as exc:
+        return exc.param
+    return None
+
+
+def parse_json_body(raw: bytes, *, what: str = "the request body") -> Any:
+    """``raw`` as a JSON value, or :class:`JSONBodyError` (see the module docstring);
+    ``what`` names the text in messages."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise JSONBodyError(
+            f"{what} nests arrays and objects deeper than {MAX_DEPTH} levels"
+        ) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise JSONBodyError(f"{what} is not valid JSON: {exc}") from None
+    deep = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH
+    surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+    if deep or surrogates:
+        _walk(value, depth_limit=deep, surrogates=surrogates, what=what)
+    return value

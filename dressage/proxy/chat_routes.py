@@ -1,0 +1,267 @@
+"""The chat routes, and what happens when the agent hangs up in the middle of a call.
+
+    add_chat_routes(app, manager, config, check_key=auth.chat)
+
+``POST /v1/chat/completions`` (session from ``X-Session-Id``) and
+``POST /sessions/{session_id}/v1/chat/completions``, plain or streamed (SSE). The work is in
+:mod:`~dressage.proxy.sessions`; these handlers read the body, watch the connection and shape
+the answer.
+
+A client that gives up (a client timeout, a killed agent) closes its connection. The handler
+watches for that (:class:`ClientWatch`, ASGI's ``http.disconnect``) and sets the call's
+``client_gone`` event: the engine request is aborted and the session records what it had
+generated as an unanswered step. The call still runs to that end, without a reader, for at most
+:data:`ABORT_GRACE_S` after the disconnect (an engine that ignores the abort is cancelled then,
+and nothing is recorded). A stream keeps being consumed after a disconnect for the same reason,
+which is why it is not Starlette's ``StreamingResponse`` (that one cancels the stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
+from dressage.proxy.config import ProxyConfig
+from dressage.proxy.engine_client import EngineError
+from dressage.proxy.errors import BadRequest, ClientClosedRequest, ProxyError
+from dressage.proxy.http_io import as_proxy_error, json_response, read_json
+from dressage.proxy.openai_api import (
+    SSE_DONE,
+    ChatRequest,
+    completion_response,
+    dumps,
+    parse_chat_request,
+    sse_chunk,
+    sse_tool_call_deltas,
+    usage_block,
+)
+from dressage.proxy.pause import parse_partial_rollout_header
+from dressage.proxy.sessions import SessionManager, StreamDelta, StreamEnd, StreamStart
+from dressage.proxy.store import StoreError
+
+__all__ = ["ABORT_GRACE_S", "SESSION_HEADERS", "ClientWatch", "add_chat_routes"]
+
+log = logging.getLogger(__name__)
+SESSION_HEADERS = ("x-session-id", "x-dressage-session-id")
+ABORT_GRACE_S = 30.0
+"""How long a call may run on after its client disconnected (the engine answers an abort in
+milliseconds; this only bounds an engine that does not)."""
+
+
+class ClientWatch:
+    """Watches one request's connection; ``gone`` is set when the client disconnects."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = asyncio.Event()
+        self._deadline: asyncio.Timeout | None = None
+        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        # After the body, receive() waits until the client disconnects (or the response ends:
+        # the watch is stopped before that).
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone.set()
+        if self._deadline is not None:
+            self._deadline.reschedule(asyncio.get_running_loop().time() + ABORT_GRACE_S)
+
+    @contextmanager
+    def bounded(self, deadline: asyncio.Timeout) -> Iterator[None]:
+        """Within the block, a disconnect moves ``deadline`` to :data:`ABORT_GRACE_S` later."""
+        self._deadline = deadline
+        if self.gone.is_set():
+            deadline.reschedule(asyncio.get_running_loop().time() + ABORT_GRACE_S)
+        try:
+            yield
+        finally:
+            self._deadline = None
+
+    def lost(self) -> None:
+        """The server found the connection closed while sending."""
+        if not self.gone.is_set():
+            self.gone.set()
+            if self._deadline is not None:
+                self._deadline.reschedule(asyncio.get_running_loop().time() + ABORT_GRACE_S)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+def _session_of(request: Request, session_id: str | None) -> str:
+    if session_id is None:
+        session_id = next(
+            (request.headers[h] for h in SESSION_HEADERS if h in request.headers), None
+        )
+    if not session_id:
+        raise BadRequest(
+            "no session: use the base URL .../sessions/<session_id>/v1 or send an "
+            "X-Session-Id header",
+            param="session_id",
+            code="missing_session",
+        )
+    return session_id
+
+
+def add_chat_routes(
+    app: FastAPI,
+    manager: SessionManager,
+    config: ProxyConfig,
+    *,
+    check_key: Callable[[Request], None],
+) -> None:
+    async def chat(request: Request, session_id: str | None) -> Response:
+        check_key(request)
+        session_id = _session_of(request, session_id)
+        partial_rollout = parse_partial_rollout_header(request.headers.get(PARTIAL_ROLLOUT_HEADER))
+        body = await read_json(request, config.max_request_bytes)
+        chat_request = parse_chat_request(body)  # no max_tokens: the session's bounded default
+        chat_request.partial_rollout = partial_rollout
+        model = chat_request.model or config.served_model_name
+        watch = ClientWatch(request.receive)
+        chat_request.client_gone = watch.gone
+        if chat_request.stream:
+            return await _stream(manager, session_id, chat_request, model, watch)
+        try:
+            async with asyncio.timeout(None) as deadline:
+                with watch.bounded(deadline):
+                    result = await manager.chat(session_id, chat_request)
+        except TimeoutError:
+            raise ClientClosedRequest(
+                f"session {session_id}: the client left and the engine did not end the call "
+                f"within {ABORT_GRACE_S} s of the abort; nothing was recorded"
+            ) from None
+        finally:
+            watch.stop()
+        usage = usage_block(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+        return json_response(
+            completion_response(
+                completion_id=result.completion_id,
+                model=model,
+                message=result.message,
+                finish_reason=result.finish_reason,
+                usage=usage,
+                weight_version=result.weight_version,
+                logprobs=result.logprobs,
+            )
+        )
+
+    async def chat_by_header(request: Request) -> Response:
+        return await chat(request, None)
+
+    async def chat_by_path(request: Request) -> Response:
+        return await chat(request, request.path_params["session_id"])
+
+    # Plain Starlette routes: the hot path skips FastAPI's per-request parameter solving.
+    app.router.routes.append(Route("/v1/chat/completions", chat_by_header, methods=["POST"]))
+    app.router.routes.append(
+        Route("/sessions/{session_id}/v1/chat/completions", chat_by_path, methods=["POST"])
+    )
+
+
+async def _stream(
+    manager: SessionManager,
+    session_id: str,
+    chat_request: ChatRequest,
+    model: str,
+    watch: ClientWatch,
+) -> Response:
+    events = manager.chat_stream(session_id, chat_request)
+    try:
+        async with asyncio.timeout(None) as deadline:
+            with watch.bounded(deadline):
+                first = await events.__anext__()
+    except BaseException:
+        watch.stop()
+        await events.aclose()
+        raise
+    assert isinstance(first, StreamStart)
+    include_usage = chat_request.include_usage
+
+    async def sse() -> AsyncIterator[bytes]:
+        cid, created = first.completion_id, int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return sse_chunk(cid, created, model, delta, finish_reason=finish,
+                             with_usage_key=include_usage)  # fmt: skip
+
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            async for event in events:
+                if isinstance(event, StreamDelta):
+                    yield chunk(event.fields)
+                elif isinstance(event, StreamEnd):
+                    result = event.result
+                    if event.fields:
+                        yield chunk(event.fields)
+                    for delta in sse_tool_call_deltas(result.message):
+                        yield chunk(delta)
+                    yield chunk({}, result.finish_reason)
+                    if include_usage:
+                        usage = usage_block(
+                            result.prompt_tokens, result.completion_tokens, result.cached_tokens
+                        )
+                        yield sse_chunk(cid, created, model, None, usage=usage)
+        except (ProxyError, EngineError, StoreError) as exc:
+            # The HTTP status is sent already: the error travels in the stream (the SDK raises).
+            error = as_proxy_error(exc)
+            if error.status != ClientClosedRequest.status:
+                log.error("session %s: stream failed: %s", session_id, exc)
+            yield b"data: " + dumps(error.body()) + b"\n\n"
+        finally:
+            await events.aclose()
+        yield SSE_DONE
+
+    return _EventStream(sse(), watch, session_id)
+
+
+class _EventStream(Response):
+    """An SSE response that, unlike Starlette's, reads its events to the end after the client
+    left (see the module docstring), within :data:`ABORT_GRACE_S`."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], watch: ClientWatch, session_id: str) -> None:
+        # Not Response.__init__: it would render an empty body and its content-length: 0.
+        self.status_code = 200
+        self.background = None
+        self.init_headers()
+        self._chunks = chunks
+        self._watch = watch
+        self._session_id = session_id
+
+    async def _send_chunk(self, send: Send, body: bytes, more: bool) -> None:
+        if self._watch.gone.is_set():
+            return
+        try:
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+        except OSError:  # ASGI 2.4 servers raise where older ones return silently
+            self._watch.lost()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            await send(start)
+            async with asyncio.timeout(None) as deadline:
+                with self._watch.bounded(deadline):
+                    async for body in self._chunks:
+                        await self._send_chunk(send, body, True)
+            await self._send_chunk(send, b"", False)
+        except TimeoutError:
+            log.warning(
+                "session %s: the client left and the engine did not end the stream within "
+                "%s s of the abort; nothing was recorded",
+                self._session_id,
+                ABORT_GRACE_S,
+            )
+        finally:
+            self._watch.stop()

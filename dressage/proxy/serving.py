@@ -1,0 +1,102 @@
+"""How the proxy is served: uvicorn's settings, shared by ``dressage-proxy`` and the tests.
+
+    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
+
+Two settings differ from uvicorn's defaults, each for a failure seen under load:
+
+- ``timeout_keep_alive`` (:data:`KEEP_ALIVE_S`). uvicorn closes a connection idle for 5 s, and
+  the OpenAI SDK's httpx pool reuses a connection idle for up to 5 s (``keepalive_expiry``).
+  The two clocks start a transit apart, so a call that reuses a connection at ~5 s idle meets a
+  server that has just closed it: the client gets ``ReadError`` (about 1 call in 1,000 with 256
+  sessions whose calls come ~5 s apart). The server must be the side that waits longer: it keeps
+  idle connections well past any common client's pool expiry (httpx 5 s, aiohttp 15 s), so the
+  client always closes first. Idle connections cost one socket each.
+- the HTTP protocol answers a request it cannot parse with the proxy's JSON error body instead of
+  uvicorn's plain text, and says why when it knows (a URL longer than the parser's 65,535
+  bytes, e.g. a 100,000-character session id in the path).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import uvicorn
+
+from dressage.proxy.errors import error_body
+from dressage.proxy.openai_api import dumps
+
+__all__ = ["KEEP_ALIVE_S", "MAX_URL_BYTES", "http_protocol", "uvicorn_config"]
+
+KEEP_ALIVE_S = 75
+"""Seconds an idle client connection stays open (see the module docstring)."""
+MAX_URL_BYTES = 65535
+"""Longest request target the HTTP parser (httptools) accepts."""
+
+
+def _bad_request_body(reason: str) -> bytes:
+    return dumps(
+        error_body(
+            f"invalid HTTP request: {reason}", "invalid_request_error", code="invalid_http_request"
+        )
+    )
+
+
+def _load_protocols() -> tuple[type[Any], ...]:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class JSONErrorsH11(H11Protocol):
+        def send_400_response(self, msg: str) -> None:
+            import h11
+
+            body = _bad_request_body(msg.rstrip("."))
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            event = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+            for out in (event, h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(out))
+            self.transport.close()
+
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # httptools is not installed: uvicorn serves with h11
+        return (JSONErrorsH11,)
+
+    class JSONErrorsHttpTools(HttpToolsProtocol):
+        _why: str | None = None
+
+        def on_headers_complete(self) -> None:
+            if len(self.url) > MAX_URL_BYTES:  # httptools.parse_url refuses it just below
+                self._why = (
+                    f"the URL is {len(self.url)} bytes long, over the limit of {MAX_URL_BYTES} "
+                    "(session ids are 1-128 characters)"
+                )
+            super().on_headers_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            body = _bad_request_body(self._why or msg.rstrip("."))
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body
+            )
+            self.transport.close()
+
+    return (JSONErrorsHttpTools, JSONErrorsH11)
+
+
+def http_protocol() -> type[Any]:
+    """uvicorn's HTTP protocol (httptools when installed, else h11) with JSON 400 answers."""
+    return _load_protocols()[0]
+
+
+def uvicorn_config(app: Any, *, log_level: str = "warning", **options: Any) -> uvicorn.Config:
+    """The proxy's uvicorn settings (see the module docstring); ``options`` go to uvicorn."""
+    settings: dict[str, Any] = {
+        "access_log": False,
+        "timeout_graceful_shutdown": 5,
+        "timeout_keep_alive": KEEP_ALIVE_S,
+        "http": http_protocol(),
+    }
+    return uvicorn.Config(app, log_level=log_level, **(settings | options))
