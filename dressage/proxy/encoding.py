@@ -12,12 +12,16 @@ is exact for the tokenizer: every added token matched on the raw text, with no s
 whitespace around it (``lstrip``/``rstrip``/``single_word`` off, ``normalized`` off).
 
     install_encode_memo(tito)      # create_app does this
+
+The memo is shared by the event loop and the worker threads that tokenize large inputs
+(:mod:`~dressage.proxy.sessions`), so its bookkeeping is under a lock; encoding is not.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -68,6 +72,7 @@ class PieceMemoEncoder:
         self._seen: OrderedDict[int, None] = OrderedDict()
         """Hashes of pieces seen once (admission on the second sight)."""
         self._chars = 0
+        self._lock = threading.Lock()
         self.min_chars = min_chars
         self.max_chars = max_chars
         self.max_seen = max_seen
@@ -79,12 +84,19 @@ class PieceMemoEncoder:
         return None if added is None else cls(encode, added)
 
     def _piece(self, piece: str) -> list[int]:
-        ids = self._memo.get(piece)
-        if ids is not None:
-            self._memo.move_to_end(piece)
-            self.hits += 1
-            return ids
+        with self._lock:
+            ids = self._memo.get(piece)
+            if ids is not None:
+                self._memo.move_to_end(piece)
+                self.hits += 1
+                return ids
         ids = self._encode(piece)
+        with self._lock:
+            return self._remember(piece, ids)
+
+    def _remember(self, piece: str, ids: list[int]) -> list[int]:
+        if piece in self._memo:  # another thread encoded it meanwhile
+            return ids
         key = hash(piece)
         if key not in self._seen:
             self._seen[key] = None
