@@ -1,0 +1,61 @@
+"""Keep-alive: the side that closes an idle connection must be the client (issue 15, item 7).
+
+uvicorn closed connections idle for 5 s and the OpenAI SDK's pool reuses them for up to 5 s, so
+about 1 call in 1,000 under load reused a connection the server was closing (``ReadError``).
+The proxy now keeps idle connections past any common client's expiry, and its own control
+client to the engine drops them before the engine's uvicorn (5 s) would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai._constants import DEFAULT_CONNECTION_LIMITS
+
+from dressage.proxy.config import ProxyConfig
+from dressage.proxy.engine_client import EngineClient
+from dressage.proxy.serving import KEEP_ALIVE_S, uvicorn_config
+from dressage.proxy.testing import serve_proxy
+from dressage.proxy.tito import TITOTokenizer
+
+UVICORN_DEFAULT_KEEP_ALIVE_S = 5  # what an SGLang or embedded engine's uvicorn closes after
+
+
+@pytest.mark.unit
+def test_the_server_outwaits_the_clients_and_the_proxy_outwaits_no_engine() -> None:
+    clients = (httpx.Limits().keepalive_expiry, DEFAULT_CONNECTION_LIMITS.keepalive_expiry, 15.0)
+    assert all(expiry is not None and KEEP_ALIVE_S > 2 * expiry for expiry in clients)
+    assert uvicorn_config(object()).timeout_keep_alive == KEEP_ALIVE_S
+
+    async def control_expiry() -> float | None:
+        engine = EngineClient("http://127.0.0.1:9")
+        try:
+            pool = engine._client()._transport._pool  # type: ignore[attr-defined]
+            return pool._keepalive_expiry  # type: ignore[no-any-return]
+        finally:
+            await engine.aclose()
+
+    expiry = asyncio.run(control_expiry())
+    assert expiry is not None and expiry < UVICORN_DEFAULT_KEEP_ALIVE_S
+
+
+@pytest.mark.integration
+def test_a_connection_idle_past_the_clients_expiry_is_still_served(
+    tmp_path: Path, qwen35_tito: TITOTokenizer
+) -> None:
+    config = ProxyConfig(engine_url="http://127.0.0.1:9", store_dir=tmp_path)
+    with serve_proxy(config, tito=qwen35_tito) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            request = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            # idle past the clients' expiry and uvicorn's default, which closed it here
+            time.sleep(UVICORN_DEFAULT_KEEP_ALIVE_S + 0.5)
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
