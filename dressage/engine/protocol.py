@@ -10,7 +10,10 @@ Three kinds of rejection, each with SGLang's error shape (docs/sglang.md section
   empty input, duplicate rid), ``{"error": {"message": "<message>"}}``.
 
 Top-level keys this engine does not know are ignored, as SGLang does; known SGLang features that
-the engine does not implement are refused with a :class:`RequestError` naming them.
+the engine does not implement are refused with a :class:`RequestError` naming them. Strings that
+are not Unicode text (a lone surrogate escape) and nesting past 64 levels are refused while the
+body is read (:mod:`dressage.http_json`). :func:`generate_openapi` describes the body for the
+OpenAPI document (the route reads it by hand).
 """
 
 from __future__ import annotations
@@ -233,6 +236,39 @@ _UNSUPPORTED_TOP = (
     "input_embeds", "token_ids_logprob", "return_hidden_states", "return_routed_experts",
     "session_params", "session_id", "lora_path", "custom_logit_processor", "priority",
 )  # fmt: skip
+
+
+_SCHEMA_TYPES: dict[str, dict[str, Any]] = {
+    "u32": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1},
+    "i32": {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1},
+    "i64": {"type": "integer", "minimum": _INT64[0], "maximum": _INT64[1]},
+    "f64": {"type": "number"},
+    "a boolean": {"type": "boolean"},
+    "a string": {"type": "string"},
+    "a map": {"type": "object"},
+    "a sequence of integers": {"type": "array", "items": {"type": "integer"}},
+    "a string or a sequence of strings": {
+        "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+    },
+}
+
+
+def generate_openapi() -> dict[str, Any]:
+    """The ``/generate`` request body for the OpenAPI document (``openapi_extra``)."""
+    sampling = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            key: {"anyOf": [_SCHEMA_TYPES[kind], {"type": "null"}]}
+            for key, (kind, _) in _SAMPLING_KEYS.items()
+        },
+    }
+    body = GenerateBody.model_json_schema()
+    body["properties"]["sampling_params"] = {
+        "anyOf": [sampling, {"type": "array", "items": sampling}, {"type": "null"}]
+    }
+    content = {"application/json": {"schema": body}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def parse_body(payload: Any) -> GenerateBody:

@@ -38,6 +38,7 @@ from dressage.engine.protocol import (
     ContractError,
     RequestError,
     build_requests,
+    generate_openapi,
     is_batch,
     output_json,
     parse_body,
@@ -45,6 +46,7 @@ from dressage.engine.protocol import (
 from dressage.engine.request import Request as EngineRequest
 from dressage.engine.scheduler import DuplicateRequestError, EngineStoppedError
 from dressage.engine.service import EngineService, WeightUpdateError
+from dressage.http_json import JSONBodyError, parse_json_body
 
 VERSION = "dressage-engine-0.1"
 DATA_ROUTES = frozenset({
@@ -82,10 +84,10 @@ async def _read_json(request: Request, limit: int, *, empty_ok: bool = False) ->
     raw = b"".join(chunks)
     if not raw.strip() and empty_ok:
         return {}
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BodyError(f"the request body is not valid JSON: {exc}") from None
+    try:  # also refuses nesting past 64 levels and lone surrogates (both were 500s)
+        return parse_json_body(raw)
+    except JSONBodyError as exc:
+        raise BodyError(str(exc)) from None
 
 
 # ------------------------------------------------------------------------------ control bodies
@@ -175,7 +177,7 @@ def create_app(config: EngineConfig, *, on_ready: Callable[[], None] | None = No
 
 
 def _add_generate(app: FastAPI, service: EngineService, limit: int) -> None:
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.api_route("/generate", methods=["POST", "PUT"], openapi_extra=generate_openapi())
     async def generate(request: Request) -> Response:
         try:
             body = parse_body(await _read_json(request, limit))

@@ -162,3 +162,31 @@ def test_api_keys(secured: str) -> None:
         ).status_code
         == 200
     )
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b'{"text": "\\ud800x"}', "text holds a lone UTF-16 surrogate"),
+        (b'{"text": ["ok", "\\udfffx"]}', "text[1] holds a lone UTF-16 surrogate"),
+        (b'{"input_ids": [5], "rid": "\\ud800"}', "rid holds a lone UTF-16 surrogate"),
+        (
+            b'{"input_ids": [5], "sampling_params": {"stop": "\\udc00"}}',
+            "sampling_params.stop holds a lone UTF-16 surrogate",
+        ),
+        (b'{"input_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "deeper than 64 levels"),
+        (b'{"input_ids": [5], "x": ' + b"[" * 70 + b"]" * 70 + b"}", "deeper than 64 levels"),
+    ],
+)
+def test_surrogates_and_deep_nesting_are_json_400s(
+    engine_url: str, content: bytes, needle: str
+) -> None:
+    """Both made 500s (the tokenizer's TypeError, a RecursionError as plain text)."""
+    for path in ("/generate", "/abort_request"):
+        r = _post(engine_url, path, content=content, headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert (body["object"], body["code"]) == ("error", 400)
+        if path == "/generate":
+            assert needle in body["message"]
+    _assert_serving(engine_url)
