@@ -84,7 +84,8 @@ def input_chars(messages: Sequence[Any]) -> int:
                     for part in value
                     if isinstance(part, dict) and isinstance(part.get("text"), str)
                 )
-        for call in message.get("tool_calls") or ():
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
             function = call.get("function") if isinstance(call, dict) else None
             arguments = function.get("arguments") if isinstance(function, dict) else None
             if isinstance(arguments, str):

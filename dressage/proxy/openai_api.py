@@ -279,7 +279,8 @@ def parse_chat_request(body: Any, *, default_max_tokens: int | None = None) -> C
             )
     _refuse_unsupported(body)
     model = body.get("model", "")
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    stream = False if stream is None else stream  # null: the default, as OpenAI reads it
     if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean", param="stream")
     options = body.get("stream_options") or {}

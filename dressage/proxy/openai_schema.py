@@ -29,7 +29,7 @@ _SESSION_ID = {
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
 
 class TextPart(_Open):

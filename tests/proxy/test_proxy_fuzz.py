@@ -1,0 +1,140 @@
+"""Schema fuzzing of the proxy: cases generated from its own OpenAPI document, chat routes
+included, and none may get a 5xx (issue 15: "no 500 from any input").
+
+Schemathesis draws valid (positive) and invalid (negative) requests for every operation of
+``GET /openapi.json`` and sends them in process (the ASGI app through Starlette's test client)
+to a proxy over a scripted engine, so a case costs milliseconds. Settings are derandomized: CI
+runs the same cases every time. A pause that a case sets is resumed at once (a paused proxy
+holds every later chat call). ``FUZZ_REPORT`` in the environment names a file that gets the
+figures (cases, 5xx, seconds) as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.python import asgi
+
+from dressage.proxy.config import ProxyConfig
+from dressage.proxy.server import create_app
+from dressage.proxy.testing import EngineReply, ScriptedEngine
+from dressage.proxy.tito import TITOTokenizer
+from tests.proxy.conftest import TOOL_CALL, Script
+
+pytestmark = pytest.mark.integration
+
+ANSWERS = ("ok\n</think>\n\nFine.<|im_end|>", f"<think>\n\n</think>\n\n{TOOL_CALL}<|im_end|>")
+CHAT_EXAMPLES = 225  # per chat route and generation mode: 900 chat cases
+OTHER_EXAMPLES = 20  # per other operation (valid cases: their only inputs are a session id)
+
+
+class _Rotating:
+    """The engine's answers, in turn (text, a tool call, an abort at a chosen token)."""
+
+    def __init__(self, tito: TITOTokenizer) -> None:
+        self.replies = [EngineReply(tito.encode(a)) for a in ANSWERS]
+        self.replies.append(EngineReply(tito.encode("partial"), finish="abort"))
+        self.n = 0
+
+    def __call__(self, body: dict[str, Any]) -> EngineReply:
+        self.n += 1
+        return self.replies[self.n % len(self.replies)]
+
+
+@pytest.fixture
+def app(tmp_path: Path, qwen35_tito: TITOTokenizer) -> Iterator[Any]:
+    engine = ScriptedEngine(_Rotating(qwen35_tito), record=False, context_length=4096)
+    with engine.running() as engine_url:
+        config = ProxyConfig(engine_url=engine_url, store_dir=tmp_path, engine_retries=0)
+        yield create_app(config, tito=qwen35_tito)
+
+
+def test_no_fuzzed_request_gets_a_5xx(app: Any, script: Callable[..., Script]) -> None:
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    operations = {op.path + " " + op.method.upper(): op for op in _operations(schema)}
+    assert {"/v1/chat/completions POST", "/sessions/{session_id}/v1/chat/completions POST"} <= set(
+        operations
+    )
+    started = time.perf_counter()
+    statuses: Counter[int] = Counter()
+    failures: list[str] = []
+    for name, operation in sorted(operations.items()):
+        examples = CHAT_EXAMPLES if "chat/completions" in name else OTHER_EXAMPLES
+        chat = "chat/completions" in name
+        # a path's session id has no invalid form for the fuzzer: negative cases only for bodies
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)[: 2 if chat else 1]:
+            _fuzz(operation, mode, examples, statuses, failures)
+    seconds = time.perf_counter() - started
+    cases = sum(statuses.values())
+    server_errors = sum(n for status, n in statuses.items() if status >= 500)
+    _report("proxy", cases, server_errors, seconds, statuses)
+    assert not failures, "\n".join(failures[:10])
+    assert cases >= 1000, statuses
+    assert statuses[200] > 100, statuses  # the fuzzer reached the model, not only the checks
+
+
+def _operations(schema: Any) -> list[Any]:
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+def _fuzz(
+    operation: Any,
+    mode: GenerationMode,
+    examples: int,
+    statuses: Counter[int],
+    failures: list[str],
+) -> None:
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def one(case: Any) -> None:
+        try:
+            response = case.call()
+        except Exception as exc:  # the in-process client re-raises what the app let escape
+            statuses[500] += 1
+            failures.append(f"{case.method} {case.formatted_path} {mode.value}: {exc!r}")
+            return
+        statuses[response.status_code] += 1
+        if response.status_code >= 500:
+            failures.append(
+                f"{case.method} {case.formatted_path} {mode.value} -> {response.status_code}: "
+                f"{response.text[:300]} (body {str(case.body)[:300]})"
+            )
+        if operation.path == "/v1/rollout/pause" and response.status_code == 200:
+            with asgi.get_client(operation.app) as client:  # the fuzzer's own loop and client
+                resume = client.post("http://testserver/v1/rollout/resume", json={})
+            assert resume.status_code == 200, resume.text
+
+    try:
+        one()
+    except Unsatisfiable:
+        if mode is GenerationMode.POSITIVE:
+            raise  # an operation without parameters has no invalid request to draw
+
+
+def _report(
+    service: str, cases: int, server_errors: int, seconds: float, statuses: Counter[int]
+) -> None:
+    path = os.environ.get("FUZZ_REPORT")
+    if not path:
+        return
+    figures = {"cases": cases, "5xx": server_errors, "seconds": round(seconds, 1)}
+    figures["statuses"] = dict(sorted(statuses.items()))
+    existing = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    Path(path).write_text(json.dumps({**existing, service: figures}, indent=1))
