@@ -7,8 +7,8 @@ milliseconds. Two control routes are left out, each for a reason that is not inp
 ``/pause_generation`` holds every later ``/generate`` until a ``/continue_generation`` (its body
 is fuzzed through the same parser as the others), and ``/update_weights_from_disk`` loads a
 checkpoint (its refusals are in test_engine_weights.py). The admin key is set, and sent, so the
-control routes are reached whether or not they need a key. ``FUZZ_REPORT`` (see
-tests/proxy/test_proxy_fuzz.py) gets the figures.
+control routes are reached whether or not they need a key. ``FUZZ_REPORT`` names a file that
+gets the figures (tests/helpers.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.python import asgi
 
-from tests.proxy.test_proxy_fuzz import _report
+from tests.helpers import report_fuzz
 
 pytestmark = pytest.mark.integration
 
@@ -67,11 +67,9 @@ def test_no_fuzzed_request_gets_a_5xx(app: Any) -> None:
         examples = GENERATE_EXAMPLES if operation.path == "/generate" else OTHER_EXAMPLES
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             _fuzz(operation, mode, examples, statuses, failures)
-    seconds = time.perf_counter() - started
-    cases = sum(statuses.values())
-    _report("engine", cases, sum(n for s, n in statuses.items() if s >= 500), seconds, statuses)
+    report_fuzz("engine", statuses, time.perf_counter() - started)
     assert not failures, "\n".join(failures[:10])
-    assert cases >= 1000, statuses
+    assert sum(statuses.values()) >= 1000, statuses
     assert statuses[200] >= 20, statuses  # it reached the model, not only the checks
 
 

@@ -11,11 +11,9 @@ figures (cases, 5xx, seconds) as JSON.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,8 @@ from dressage.proxy.config import ProxyConfig
 from dressage.proxy.server import create_app
 from dressage.proxy.testing import EngineReply, ScriptedEngine
 from dressage.proxy.tito import TITOTokenizer
-from tests.proxy.conftest import TOOL_CALL, Script
+from tests.helpers import report_fuzz
+from tests.proxy.conftest import TOOL_CALL
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +59,7 @@ def app(tmp_path: Path, qwen35_tito: TITOTokenizer) -> Iterator[Any]:
         yield create_app(config, tito=qwen35_tito)
 
 
-def test_no_fuzzed_request_gets_a_5xx(app: Any, script: Callable[..., Script]) -> None:
+def test_no_fuzzed_request_gets_a_5xx(app: Any) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operations = {op.path + " " + op.method.upper(): op for op in _operations(schema)}
     assert {"/v1/chat/completions POST", "/sessions/{session_id}/v1/chat/completions POST"} <= set(
@@ -75,12 +74,9 @@ def test_no_fuzzed_request_gets_a_5xx(app: Any, script: Callable[..., Script]) -
         # a path's session id has no invalid form for the fuzzer: negative cases only for bodies
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)[: 2 if chat else 1]:
             _fuzz(operation, mode, examples, statuses, failures)
-    seconds = time.perf_counter() - started
-    cases = sum(statuses.values())
-    server_errors = sum(n for status, n in statuses.items() if status >= 500)
-    _report("proxy", cases, server_errors, seconds, statuses)
+    report_fuzz("proxy", statuses, time.perf_counter() - started)
     assert not failures, "\n".join(failures[:10])
-    assert cases >= 1000, statuses
+    assert sum(statuses.values()) >= 1000, statuses
     assert statuses[200] > 100, statuses  # the fuzzer reached the model, not only the checks
 
 
@@ -126,15 +122,3 @@ def _fuzz(
     except Unsatisfiable:
         if mode is GenerationMode.POSITIVE:
             raise  # an operation without parameters has no invalid request to draw
-
-
-def _report(
-    service: str, cases: int, server_errors: int, seconds: float, statuses: Counter[int]
-) -> None:
-    path = os.environ.get("FUZZ_REPORT")
-    if not path:
-        return
-    figures = {"cases": cases, "5xx": server_errors, "seconds": round(seconds, 1)}
-    figures["statuses"] = dict(sorted(statuses.items()))
-    existing = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    Path(path).write_text(json.dumps({**existing, service: figures}, indent=1))
