@@ -202,7 +202,14 @@ def stage(
 ) -> dict[str, Any]:
     """Plot the curves, then stage the job's output to the artifact root (manifest last)."""
     from dressage.reporting.curves import plot_curves
-    from dressage.reporting.metrics import HELDOUT_KL, REVERSE_KL, REWARD, read_metrics, series
+    from dressage.reporting.metrics import (
+        ACCURACY,
+        HELDOUT_KL,
+        REVERSE_KL,
+        REWARD,
+        read_metrics,
+        series,
+    )
     from dressage.staging.stage import StagingError, stage_run
 
     plan = RunPlan.model_validate(plan_data)
@@ -210,7 +217,8 @@ def stage(
     metrics = output / "metrics.jsonl"
     if metrics.is_file():
         records = read_metrics(metrics)
-        families = [f for f in (HELDOUT_KL, REVERSE_KL, REWARD) if series(records, f)]
+        found = (ACCURACY, HELDOUT_KL, REVERSE_KL, REWARD)
+        families = [f for f in found if series(records, f)]
         plot_curves(
             records,
             output / "curves.png",
@@ -285,6 +293,7 @@ def publish(
         records,
         teachers=run.manifest.metadata.get("teachers", []),
         heldout_initial=job_summary.get("heldout_reverse_kl_initial"),
+        teacher_accuracy=job_summary.get("teacher_accuracy"),
         url=url,
         curves=f"{url}/{blobs['curves.png'].path}" if "curves.png" in blobs else None,
     )

@@ -57,6 +57,9 @@ class JobOptions(BaseModel):
     """Groups the background rollout keeps generating (default 2 x rollout_batch_size)."""
     mopd_advantage_clip: float | None = Field(None, gt=0)
     shuffle: bool = False
+    eval_interval: int | None = Field(1, ge=1)
+    """Steps between held-out accuracy passes (slime's ``--eval-interval``; the embedded job,
+    when the datasets have ``eval_path`` rows); None: only before and after the run."""
     cluster: ClusterOptions = ClusterOptions()
     """The ray backend's parallelism, GPUs, W&B and further slime flags."""
 
@@ -79,7 +82,7 @@ def job_args(
         "num_rollout": run.num_steps,
         "update_weights_interval": 1,
         "save_interval": run.num_steps,
-        "eval_interval": None,
+        "eval_interval": options.eval_interval,
         # rollout
         "rollout_function_path": (
             PARTIAL_ASYNC_ROLLOUT if options.partial_rollout else BATCH_ROLLOUT

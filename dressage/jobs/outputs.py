@@ -8,7 +8,8 @@ Per step: ``artifacts/rollout-XXXXX/`` (one dressage artifact, manifest last: th
 ``steps`` and ``segments`` of the step's trajectories as the proxy recorded them, ``samples``
 and ``train_data``), one ``metrics.jsonl`` record ``{"step", "time", "metrics"}`` (the rollout's,
 the trainer's and the weight update's that preceded the step, ``pause/*``), and a progress line
-on stdout. ``summary.json`` at the end.
+on stdout. An eval pass (:meth:`RunOutputs.evaluation`) adds a record of the step it followed
+(``-1``: before training). ``summary.json`` at the end.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dressage.schemas import (
 )
 from dressage.staging import ArtifactWriter
 from dressage.training.embedded.async_backend import RolloutBatch
+from dressage.training.embedded.evaluation import ACCURACY_PREFIX
 from dressage.training.metrics import MetricsSink
 from dressage.trajectory import Segment, StepRecord
 
@@ -124,6 +126,18 @@ class RunOutputs:
         parts.append(f"t={time.monotonic() - self.started:.1f}s")
         print(" ".join(parts), flush=True)
         return metrics
+
+    def evaluation(self, step: int, metrics: Mapping[str, float]) -> None:
+        """An eval pass after ``step`` (``-1``: before training): one more record of that step
+        and a progress line (held-out accuracy per task)."""
+        self.sink.log(step, dict(metrics))
+        shown = " ".join(
+            f"{key[len(ACCURACY_PREFIX) :]}={value:.0%}"
+            for key, value in sorted(metrics.items())
+            if key.startswith(ACCURACY_PREFIX)
+        )
+        when = "before training" if step < 0 else f"after step {step + 1}/{self.num_steps}"
+        print(f"held-out accuracy {when}: {shown}", flush=True)
 
     def finish(self, summary: Mapping[str, Any]) -> Path:
         self.sink.close()

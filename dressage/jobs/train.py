@@ -100,6 +100,7 @@ def run_job(run_config: Path) -> dict[str, Any]:
     from dressage.rollout.data_source import MopdDataSource
     from dressage.training.embedded import EmbeddedTrainer
     from dressage.training.embedded.async_backend import EmbeddedAsyncBackend, RolloutBatch
+    from dressage.training.embedded.evaluation import HeldOutAccuracy, teacher_accuracy
     from dressage.training.embedded.rollout import EmbeddedRolloutManager
     from dressage.training.rollout_pause import RolloutPause
     from dressage.training.train_async_with_rollout_pause import train_async
@@ -147,9 +148,16 @@ def run_job(run_config: Path) -> dict[str, Any]:
             initial = probe.measure(trainer.model)
             shown = " ".join(f"{k}={v:.4f}" for k, v in initial.items())
             print(f"held-out reverse KL before training: {shown}", flush=True)
+    accuracy = HeldOutAccuracy.from_config(
+        config, proxy_url=run.proxy_url, admin_key=admin_key, api_key=None
+    )
     pause = RolloutPause.from_env(proxy_url=run.proxy_url, admin_key=admin_key)
     with SyncProxyClient(run.proxy_url, admin_key=admin_key) as proxy:
         outputs = RunOutputs(output, num_steps=run.num_steps, proxy=proxy)
+        initial_accuracy: dict[str, float] = {}
+        if accuracy is not None:  # the initial student, before any update
+            initial_accuracy = accuracy.measure()
+            outputs.evaluation(-1, initial_accuracy)
 
         def on_trained(batch: RolloutBatch, metrics: dict[str, float]) -> None:
             if probe is not None:
@@ -165,9 +173,13 @@ def run_job(run_config: Path) -> dict[str, Any]:
             checkpoint_dir=output / "checkpoints",
             on_trained=on_trained,
             engine_admin_key=engine_key,
+            evaluator=accuracy.measure if accuracy is not None else None,
+            on_evaluated=outputs.evaluation,
         )
         try:
             train_async(args, backend, pause)
+            if accuracy is not None and not _evaluated_last(args, run.num_steps):
+                outputs.evaluation(run.num_steps - 1, accuracy.measure())
         finally:
             pause.close()
         summary = {
@@ -179,6 +191,8 @@ def run_job(run_config: Path) -> dict[str, Any]:
             "weight_version": backend.version,
             "weight_updates": len(pause.events),
             "heldout_reverse_kl_initial": initial,
+            "heldout_accuracy_initial": initial_accuracy,
+            "teacher_accuracy": teacher_accuracy(config) if run.objective == "mopd" else {},
             "paused_calls": sum(
                 (e.get("pause") or {}).get("paused_calls", 0) for e in pause.events
             ),
@@ -186,6 +200,14 @@ def run_job(run_config: Path) -> dict[str, Any]:
         outputs.finish(summary)
     print(f"done: {run.num_steps} steps, weight version {backend.version}", flush=True)
     return summary
+
+
+def _evaluated_last(args: Any, num_steps: int) -> bool:
+    """Whether the driver's eval pass ran after the last step (``--eval-interval``)."""
+    from dressage.training.train_async_with_rollout_pause import periodic_action
+
+    interval = getattr(args, "eval_interval", None)
+    return num_steps > 0 and bool(periodic_action()(num_steps - 1, interval, None, None))
 
 
 def _quiet_progress_bars() -> None:

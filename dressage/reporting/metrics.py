@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ACCURACY",
     "HELDOUT_KL",
     "HELDOUT_KL_PREFIX",
     "REVERSE_KL",
     "REWARD",
     "Family",
     "RunSummary",
+    "TaskAccuracy",
     "format_summary",
     "parse_metrics",
     "read_metrics",
@@ -59,6 +61,14 @@ REWARD = Family(
     ),
     overall=("rollout/raw_reward", "rollout/reward_mean", "train/reward"),
 )
+
+ACCURACY = Family(
+    "held-out accuracy (agent loop, greedy)",
+    per_teacher=("eval/accuracy/",),
+    overall=(),
+)
+"""Per task (:mod:`dressage.training.embedded.evaluation`); the record of step ``-1`` is the
+measurement before training."""
 
 Series = dict[str, list[tuple[int, float]]]
 ALL_TEACHERS = "all"
@@ -121,11 +131,21 @@ class TeacherSummary:
 
 
 @dataclass
+class TaskAccuracy:
+    task: str
+    teacher: float | None = None
+    """The accuracy its teacher's ``sft_report.json`` records on this task (same measurement)."""
+    student: tuple[float, float] | None = None
+    """(before training, after the last step)."""
+
+
+@dataclass
 class RunSummary:
     steps: int
     teachers: list[TeacherSummary] = field(default_factory=list)
     url: str | None = None
     curves: str | None = None
+    tasks: list[TaskAccuracy] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +159,13 @@ class RunSummary:
                     "heldout_reverse_kl": list(t.heldout_kl) if t.heldout_kl else None,
                 }
                 for t in self.teachers
+            },
+            "accuracy": {
+                a.task: {
+                    "teacher": a.teacher,
+                    "student": list(a.student) if a.student else None,
+                }
+                for a in self.tasks
             },
         }
 
@@ -154,22 +181,35 @@ def summarize(
     url: str | None = None,
     curves: str | None = None,
     heldout_initial: Mapping[str, float] | None = None,
+    teacher_accuracy: Mapping[str, float] | None = None,
 ) -> RunSummary:
     """Per teacher: the first and last step's reverse KL and reward, and the held-out reverse KL
-    from before training (``heldout_initial``, else the first step) to the last step."""
+    from before training (``heldout_initial``, else the first step) to the last step. Per task:
+    the held-out accuracy before training and after the last step, beside its teacher's
+    (``teacher_accuracy``, task -> accuracy)."""
     kl, reward = series(records, REVERSE_KL), series(records, REWARD)
     heldout = series(records, HELDOUT_KL)
     names = list(dict.fromkeys([*teachers, *kl, *reward]))
     if len(heldout) > 1 and ALL_TEACHERS in heldout:
         names.append(ALL_TEACHERS)
-    steps = len({int(r["step"]) for r in records})
+    steps = len({int(r["step"]) for r in records if int(r["step"]) >= 0})  # -1: before
     rows = []
     for n in names:
         ends = _ends(heldout.get(n))
         if ends is not None and heldout_initial and n in heldout_initial:
             ends = (float(heldout_initial[n]), ends[1])
         rows.append(TeacherSummary(n, _ends(kl.get(n)), _ends(reward.get(n)), ends))
-    return RunSummary(steps=steps, teachers=rows, url=url, curves=curves)
+    accuracy = series(records, ACCURACY)
+    known = dict(teacher_accuracy or {})
+    tasks = [
+        TaskAccuracy(task, known.get(task), _ends(accuracy.get(task)))
+        for task in dict.fromkeys([*sorted(set(accuracy) - {ALL_TEACHERS}), *known])
+    ]
+    return RunSummary(steps=steps, teachers=rows, url=url, curves=curves, tasks=tasks)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _pair(values: tuple[float, float] | None) -> str:
@@ -192,6 +232,14 @@ def format_summary(summary: RunSummary) -> str:
         if heldout:
             line += f"  {_pair(t.heldout_kl)}"
         lines.append(line.rstrip())
+    if summary.tasks:
+        width = max(len("task"), *(len(a.task) for a in summary.tasks))
+        lines.append(
+            f"  {'task':<{width}}  {'teacher accuracy':<16}  held-out accuracy (before -> after)"
+        )
+        for a in summary.tasks:
+            student = "-" if a.student is None else f"{a.student[0]:.0%} -> {a.student[1]:.0%}"
+            lines.append(f"  {a.task:<{width}}  {_share(a.teacher):<16}  {student}")
     if summary.url:
         lines.append(f"artifacts: {summary.url}")
     if summary.curves:

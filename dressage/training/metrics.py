@@ -79,7 +79,7 @@ class MetricsSink:
         record = {"step": int(step), "time": time.time() if at is None else at, "metrics": values}
         self._file.write(json.dumps(record, allow_nan=False, sort_keys=True) + "\n")
         self._file.flush()
-        if self._wandb_run is not None:
+        if self._wandb_run is not None and step >= 0:  # W&B steps start at 0 (-1: before)
             self._wandb_run.log({k: v for k, v in values.items() if v is not None}, step=step)
 
     def close(self) -> None:

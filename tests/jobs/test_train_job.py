@@ -34,7 +34,9 @@ STEPS = 3
 DATA = REPO / "configs" / "mopd" / "data"
 
 
-def _mopd_config(root: Path) -> Path:
+def _mopd_config(root: Path, *, held_out: bool = False) -> Path:
+    held = {task: {"eval_path": str(DATA / f"{task}.eval.jsonl")} if held_out else {}
+            for task in ("calculator", "lookup")}  # fmt: skip
     config = {
         "student": {"hf_checkpoint": "tiny:seed=0"},
         "teachers": {"calculator": {"load": "tiny:seed=1"}, "lookup": {"load": "tiny:seed=2"}},
@@ -46,6 +48,7 @@ def _mopd_config(root: Path) -> Path:
                 "weight": 1.0,
                 "agent_mode": "blackbox",
                 "task": task,
+                **held[task],
             }
             for task in ("calculator", "lookup")
         ],  # fmt: skip
@@ -209,3 +212,37 @@ def test_a_run_config_that_cannot_run_exits_2(
     code, err = run(_run_config(tmp_path, services))
     assert code == 2 and "DRESSAGE_PROXY_ADMIN_KEY is not set" in err
     assert not (tmp_path / "output").exists(), "nothing ran"
+
+
+def test_held_out_accuracy_before_training_at_the_eval_interval_and_after_the_last_step(
+    services: tuple[str, str], tmp_path: Path
+) -> None:
+    run = _run_config(
+        tmp_path, services, partial_rollout=False, n_samples_per_prompt=2, eval_interval=2
+    ).model_copy(
+        update={
+            "objective": "grpo",
+            "mopd_config": str(_mopd_config(tmp_path, held_out=True)),
+        }
+    )
+    done = _run_job(run, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    evals = [line for line in lines if line.startswith("held-out accuracy ")]
+    assert [e.split(":")[0] for e in evals] == [
+        "held-out accuracy before training",
+        f"held-out accuracy after step 2/{STEPS}",  # --eval-interval 2: the driver's pass
+        f"held-out accuracy after step {STEPS}/{STEPS}",  # the job's own, after the last step
+    ]
+    output = Path(run.output_dir)
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    accuracy = [r for r in records if "eval/accuracy/all" in r["metrics"]]
+    assert [r["step"] for r in accuracy] == [-1, 1, STEPS - 1]
+    for record in accuracy:
+        metrics = record["metrics"]
+        assert set(metrics) >= {"eval/accuracy/calculator", "eval/accuracy/lookup"}
+        assert all(0.0 <= metrics[f"eval/accuracy/{t}"] <= 1.0 for t in ("calculator", "lookup"))
+        assert not any(k.startswith("eval/accuracy_errors/") for k in metrics), metrics
+    assert [r["step"] for r in records if "train/pg_loss" in r["metrics"]] == list(range(STEPS))
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["heldout_accuracy_initial"] == accuracy[0]["metrics"]

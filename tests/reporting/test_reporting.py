@@ -11,6 +11,7 @@ import pytest
 
 from dressage.reporting.curves import main, plot_curves, rolling_mean
 from dressage.reporting.metrics import (
+    ACCURACY,
     HELDOUT_KL_PREFIX,
     REVERSE_KL,
     REWARD,
@@ -92,6 +93,29 @@ def test_summary_reports_the_held_out_kl_from_before_training() -> None:
     without = summarize(records, teachers=["lookup"])  # no initial: the first step's value
     assert {t.teacher: t.heldout_kl for t in without.teachers}["lookup"] == (2.0, 1.8)
     assert "held-out" not in format_summary(summarize(_records(3)))
+
+
+def test_summary_reports_held_out_accuracy_per_task_beside_its_teacher() -> None:
+    records = _records(3)
+    for step, (calc, look) in zip((-1, 1, 2), ((0.0, 0.25), (0.5, 0.5), (0.75, 1.0)), strict=True):
+        accuracy = {"calculator": calc, "lookup": look, "all": (calc + look) / 2}
+        metrics = {f"eval/accuracy/{t}": v for t, v in accuracy.items()}
+        records.append({"step": step, "time": 0.0, "metrics": metrics})  # eval records
+    summary = summarize(records, teacher_accuracy={"calculator": 1.0, "lookup": 0.9375})
+    assert summary.steps == 3, "the record before training (-1) is no step"
+    rows = {a.task: a for a in summary.tasks}
+    assert sorted(rows) == ["calculator", "lookup"]  # the pooled value is no task
+    assert rows["calculator"].student == (0.0, 0.75) and rows["calculator"].teacher == 1.0
+    assert rows["lookup"].student == (0.25, 1.0)
+    text = format_summary(summary)
+    assert "teacher accuracy" in text
+    assert "  calculator  100%              0% -> 75%" in text
+    assert "  lookup      94%               25% -> 100%" in text
+    assert summary.to_dict()["accuracy"]["lookup"] == {"teacher": 0.9375, "student": [0.25, 1.0]}
+    assert [s for s, _ in series(records, ACCURACY)["calculator"]] == [-1, 1, 2]
+    only_teachers = summarize(_records(2), teacher_accuracy={"lookup": 1.0})
+    assert [(a.task, a.student) for a in only_teachers.tasks] == [("lookup", None)]
+    assert "teacher accuracy" not in format_summary(summarize(_records(2)))
 
 
 def test_curves_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -49,9 +49,9 @@ def test_held_out_rows_of_the_embedded_config(tmp_path: Path) -> None:
     config = load_mopd_config(REPO / "configs/mopd/embedded.json")
     entries = heldout_datasets(config)
     assert [(e["teacher_id"], e["weight"]) for e in entries] == [
-        ("calculator", 4.0),
-        ("lookup", 4.0),
-    ]
+        ("calculator", 16.0),
+        ("lookup", 16.0),
+    ]  # the teachers' own held-out instances (sft_report.json's agent_accuracy is on them)
     for entry, ds in zip(entries, config.datasets, strict=True):
         train = {json.loads(line)["input"] for line in Path(ds.path).read_text().splitlines()}
         held = [json.loads(line)["input"] for line in Path(entry["path"]).read_text().splitlines()]

@@ -17,7 +17,9 @@ rollout was generated and trained, and each update, so the overlap can be seen (
 The trainer lives in this process for the whole run, so ``releases_train`` is False: the loop
 refuses slime's ``--release-train`` before anything runs. ``save`` writes synchronously, so its
 ``force_sync`` changes nothing. ``num_rollout_per_epoch`` (None: no epoch boundaries) places
-saves and evals at epoch ends as slime's rollout manager would.
+saves and evals at epoch ends as slime's rollout manager would. ``evaluate`` runs ``evaluator``
+(the engine then serves the weights of the step just trained) and hands its metrics to
+``on_evaluated``; without one it logs that the pass was skipped.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class RolloutBatch:
 @dataclass(frozen=True)
 class TimelineEvent:
     kind: str
-    """``generate``, ``train`` or ``update``."""
+    """``generate``, ``train``, ``update`` or ``eval``."""
     rollout_id: int
     start: float
     end: float
@@ -76,6 +78,10 @@ class EmbeddedAsyncBackend:
     engine_admin_key: str | None = None
     """The engine's control key, sent with the default weight update."""
     on_trained: Callable[[RolloutBatch, dict[str, float]], None] | None = None
+    evaluator: Callable[[], dict[str, float]] | None = None
+    """The eval pass at ``--eval-interval`` (after that step's weight update), e.g.
+    :meth:`~dressage.training.embedded.evaluation.HeldOutAccuracy.measure`."""
+    on_evaluated: Callable[[int, dict[str, float]], None] | None = None
     version: int = -1
     """The engine's weight version (read from ``/model_info`` when -1)."""
     num_rollout_per_epoch: int | None = None
@@ -134,7 +140,14 @@ class EmbeddedAsyncBackend:
         return version
 
     def evaluate(self, rollout_id: int) -> None:
-        log.info("rollout %d: the embedded backend has no evaluation pass; skipped", rollout_id)
+        if self.evaluator is None:
+            log.info("rollout %d: no evaluator was given; eval skipped", rollout_id)
+            return
+        started = time.monotonic()
+        metrics = self.evaluator()
+        self.timeline.append(TimelineEvent("eval", rollout_id, started, time.monotonic()))
+        if self.on_evaluated is not None:
+            self.on_evaluated(rollout_id, metrics)
 
     def dispose(self) -> None:
         from dressage.rollout.partial_async_rollout import stop_partial_async_workers
