@@ -33,5 +33,6 @@ COPY --chown=airflow:0 dressage ./dressage
 RUN pip install --no-cache-dir --no-deps . && python -c "import dressage.airflow.operators"
 
 COPY --chown=airflow:0 dags /opt/airflow/dags
+COPY --chown=airflow:0 plugins /opt/airflow/plugins
 COPY --chown=airflow:0 configs /opt/airflow/configs
 WORKDIR /opt/airflow

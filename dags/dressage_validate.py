@@ -1,14 +1,16 @@
 """
 ### dressage_validate: can this config train?
 
-**load_config**: the config parses, types check, paths resolve → in parallel,
-**check_routes** (each dataset's teacher exists, weights > 0, agent modes, generate functions
-and reward modules import, reward tasks registered, `runtime_env_keys` set, dataset files
-exist) and **check_checkpoints** (student and teacher checkpoints present and readable, the same
-architecture, tokenizer and vocabulary as the student; a project-built teacher whose recorded
-agent-loop accuracy on its own task is below `teacher_skill_floor` is a warning, or a problem
-with `require_skilled_teachers`) → **report**: one JSON report of every
-problem, written to `<run_root>/dressage_validate/<run_id>/report.json`; the run fails if any.
+**load_config**: the config parses, types check, paths resolve (a config that does not load
+is a problem of the report, not a crash) → in parallel, **check_routes** (each dataset's
+teacher exists, weights > 0, agent modes, generate functions and reward modules import, reward
+tasks registered, `runtime_env_keys` set, dataset files exist) and **check_checkpoints**
+(student and teacher checkpoints present and readable, the same architecture, tokenizer and
+vocabulary as the student; a project-built teacher whose recorded agent-loop accuracy on its
+own task is below `teacher_skill_floor` is a warning, or a problem with
+`require_skilled_teachers`) → **report**: one JSON report of every problem, written to
+`<run_root>/dressage_validate/<run_id>/report.json`; the run fails if any, and its note
+lists them.
 
 `airflow dags test dressage_validate --conf '{"mopd_config": "configs/mopd/embedded.json"}'`
 """
@@ -17,35 +19,36 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import Context, dag, task
 
-from dressage.airflow import tasks
+from dressage.airflow import story, tasks
 from dressage.airflow.params import validation_params
 
 PROJECT = Path(__file__).resolve().parents[1]
 
 
-@task
+@task(show_return_value_in_logs=False)
 def load_config(**context: Any) -> dict[str, Any]:
-    return tasks.load_validation(context, project_dir=PROJECT)
+    return tasks.load_validation(cast(Context, context), project_dir=PROJECT)
 
 
-@task
+@task(show_return_value_in_logs=False)
 def check_routes(spec: dict[str, Any]) -> dict[str, Any]:
     return tasks.check_routes(spec)
 
 
-@task
+@task(show_return_value_in_logs=False)
 def check_checkpoints(spec: dict[str, Any]) -> dict[str, Any]:
     return tasks.check_checkpoints(spec)
 
 
-@task
-def report(spec: dict[str, Any], routes: dict[str, Any], checkpoints: dict[str, Any]) -> dict:
-    return tasks.validation_verdict(spec, routes, checkpoints)
+@task(show_return_value_in_logs=False)
+def report(routes: dict[str, Any], checkpoints: dict[str, Any], **context: Any) -> dict:
+    spec = context["ti"].xcom_pull(task_ids="load_config")  # no edge: report needs routes first
+    return story.guard(context, lambda: tasks.validation_verdict(spec, routes, checkpoints))
 
 
 @dag(
@@ -61,7 +64,7 @@ def report(spec: dict[str, Any], routes: dict[str, Any], checkpoints: dict[str, 
 )
 def dressage_validate() -> None:
     spec = load_config()
-    report(spec, check_routes(spec), check_checkpoints(spec))
+    report(check_routes(spec), check_checkpoints(spec))
 
 
 dressage_validate()

@@ -19,6 +19,7 @@ export AIRFLOW_HOME="${DRESSAGE_AIRFLOW_HOME:-$PWD/airflow_home}"
 export PATH="$PWD/.venv/bin:$PATH"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags"
+export AIRFLOW__CORE__PLUGINS_FOLDER="$PWD/plugins"   # run notes, the curves route
 export AIRFLOW__CORE__PARALLELISM=2
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT="${AIRFLOW_PORT:-8080}"

@@ -1,9 +1,20 @@
-"""The trigger forms: Params of the training and validation DAGs, checked by JSON Schema.
+"""The trigger forms: Params of the training and validation DAGs, as Airflow's form shows them.
 
-Airflow validates a run's conf against these at trigger time, so a bad value (a negative step
-count, an unknown backend, an artifact root that is neither a path nor a URL) is refused before
-any task runs. Knobs most runs leave alone sit in the collapsed "Advanced" section. Relative
-paths are relative to the project folder (the parent of ``dags/``).
+What the form (Airflow 3.3) does with a Param's JSON Schema decides how it is written here:
+
+- ``type`` picks the widget; a type list with ``"null"`` marks the field optional, any other
+  type marks it required (an asterisk; the form refuses to trigger while it is empty).
+- ``description`` is shown as plain text (no markdown here: backticks would show as such);
+  ``description_md`` would be rendered as markdown.
+- A number field clamps to ``minimum``/``maximum`` without a word when it loses focus, and a
+  ``pattern`` is checked only by the API server, whose refusal is a raw JSON-Schema dump. So
+  number fields carry no range and strings no pattern: the range is said in the description,
+  and the run's first task checks it (:mod:`dressage.airflow.param_checks`), failing at once
+  with one sentence that names the field and what to enter.
+- ``section`` groups fields in a collapsed panel; ours is :data:`SECTION`, named so that it is
+  not taken for Airflow's own "Advanced Options" (run id, logical date, raw conf).
+
+Relative paths are relative to the project folder (the parent of ``dags/``).
 """
 
 from __future__ import annotations
@@ -12,9 +23,16 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from dressage.airflow.param_checks import TRAINING_NUMBERS, VALIDATION_NUMBERS, NumberRule
 from dressage.config.env import declare, env_str
 
-__all__ = ["DEFAULT_CONFIG", "schedule_from_env", "training_params", "validation_params"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "SECTION",
+    "schedule_from_env",
+    "training_params",
+    "validation_params",
+]
 
 SCHEDULE_ENV = "DRESSAGE_MOPD_SCHEDULE"
 declare(
@@ -25,8 +43,26 @@ declare(
 )
 
 DEFAULT_CONFIG = "configs/mopd/embedded.json"
-ADVANCED = "Advanced"
-_ROOT_PATTERN = r"^((file|s3|gs|gcs|memory)://.+|[^:]+)$"
+SECTION = "Job and cluster settings"
+
+
+def _number(
+    default: float | None,
+    rule: NumberRule,
+    description: str,
+    *,
+    optional: bool = False,
+    section: str | None = None,
+) -> Param:
+    """A number field without ``minimum``/``maximum`` (see the module docstring)."""
+    extra: dict[str, Any] = {"section": section} if section else {}
+    return Param(
+        default,
+        type=["null", "number"] if optional else "number",
+        title=rule.title,
+        description=f"{description} {rule.describe()}",
+        **extra,
+    )
 
 
 def _config(title: str, description: str) -> Param:
@@ -45,11 +81,13 @@ def _student() -> Param:
         None,
         type=["null", "string"],
         title="Student checkpoint",
-        description="An HF folder or `tiny:seed=N`; empty takes the config's `student`.",
+        description="A Hugging Face checkpoint folder, or tiny:seed=N for a small generated "
+        "model. Leave empty to use the config's student.",
     )
 
 
-def _run_root() -> Param:
+def _run_root(section: str | None) -> Param:
+    extra: dict[str, Any] = {"section": section} if section else {}
     return Param(
         "runs",
         type="string",
@@ -57,13 +95,14 @@ def _run_root() -> Param:
         title="Run folder",
         description="Where run files go (run.json, job logs, job output, proxy store). On the "
         "ray backend the cluster must see this path too (a shared mount).",
-        section=ADVANCED,
+        **extra,
     )
 
 
 def training_params(*, objective: str) -> dict[str, Param]:
     """Params of ``dressage_mopd`` (objective "mopd") and ``dressage_rl`` (objective "grpo")."""
     rl = objective == "grpo"
+    n = TRAINING_NUMBERS
     params: dict[str, Any] = {
         "mopd_config": _config(
             "Config" if rl else "MOPD config",
@@ -76,13 +115,12 @@ def training_params(*, objective: str) -> dict[str, Param]:
             "runs/artifacts",
             type="string",
             minLength=1,
-            pattern=_ROOT_PATTERN,
             title="Artifact root",
-            description="Staged artifacts go to `<root>/<dag_id>/<run_id>/`: a folder, "
-            "`file://`, `s3://` or `gs://` URL.",
+            description="A folder, or a file://, s3:// or gs:// URL. Each run is staged to "
+            "root/dag id/run id/.",
         ),
-        "steps": Param(4, type="integer", minimum=1, maximum=1_000_000, title="Training steps"),
-        "seed": Param(0, type="integer", minimum=0, title="Seed"),
+        "steps": _number(4, n["steps"], "Optimizer steps of the run, one rollout batch each."),
+        "seed": _number(0, n["seed"], "Seeds sampling and data order: same seed, same run."),
         "backend": Param(
             "embedded",
             type="string",
@@ -92,54 +130,54 @@ def training_params(*, objective: str) -> dict[str, Param]:
                 "ray": "ray (a Ray cluster through the Jobs API)",
             },
             title="Backend",
+            description="Where the engine, the proxy and the training job run.",
         ),
-        "rollout_batch_size": Param(
-            4, type="integer", minimum=1, title="Rollout batch size", section=ADVANCED
+        "rollout_batch_size": _number(
+            4, n["rollout_batch_size"], "Trajectories per training step.", section=SECTION
         ),
         "partial_rollout": Param(
             True,
-            type="boolean",
+            type=["null", "boolean"],
             title="Partial rollout",
             description="Pause generation at a token boundary around weight updates and "
             "record each token's weight version.",
-            section=ADVANCED,
+            section=SECTION,
         ),
-        "learning_rate": Param(
+        "learning_rate": _number(
             None,
-            type=["null", "number"],
-            exclusiveMinimum=0,
-            title="Learning rate",
-            description="Empty keeps the job's default.",
-            section=ADVANCED,
+            n["learning_rate"],
+            "Leave empty to keep the job's default.",
+            optional=True,
+            section=SECTION,
         ),
         "extra": Param(
             {},
-            type="object",
+            type=["null", "object"],
             title="More job settings",
-            description="Passed to the job untouched, in RUN.json's `advanced` object.",
-            section=ADVANCED,
+            description="A JSON object passed to the job untouched (the advanced object of "
+            "its run.json), e.g. max_response_len, or cluster settings for the ray backend.",
+            section=SECTION,
         ),
-        "run_root": _run_root(),
+        "run_root": _run_root(SECTION),
         "ray_address": Param(
             "http://127.0.0.1:8265",
-            type="string",
-            pattern=r"^https?://.+",
+            type=["null", "string"],
             title="Ray dashboard address",
-            section=ADVANCED,
+            description="The ray backend only: the cluster's dashboard URL (http://...:8265).",
+            section=SECTION,
         ),
         "ray_python": Param(
             "python3",
-            type="string",
-            minLength=1,
+            type=["null", "string"],
             title="Python on the cluster",
-            description="Interpreter of the job's entrypoint on the ray backend.",
-            section=ADVANCED,
+            description="The ray backend only: the interpreter of the job's entrypoint.",
+            section=SECTION,
         ),
-        "job_timeout_minutes": Param(
-            120, type="integer", minimum=1, title="Job timeout (minutes)", section=ADVANCED
+        "job_timeout_minutes": _number(
+            120, n["job_timeout_minutes"], "The job is stopped after this.", section=SECTION
         ),
-        "poll_seconds": Param(
-            5.0, type="number", minimum=0.2, title="Status poll interval (s)", section=ADVANCED
+        "poll_seconds": _number(
+            5.0, n["poll_seconds"], "How often the job's state is read.", section=SECTION
         ),
     }
     return params
@@ -157,24 +195,19 @@ def validation_params() -> dict[str, Param]:
             title="Objective",
             description="mopd also compares every teacher with the student.",
         ),
-        "teacher_skill_floor": Param(
+        "teacher_skill_floor": _number(
             0.9,
-            type="number",
-            minimum=0,
-            maximum=1,
-            title="Teacher skill floor",
-            description=(
-                "Least held-out accuracy on its own task that a project-built teacher's report "
-                "may show (measured through the agent loop when it was built)."
-            ),
+            VALIDATION_NUMBERS["teacher_skill_floor"],
+            "Least held-out accuracy on its own task that a project-built teacher's report "
+            "may show (measured through the agent loop when it was built).",
         ),
         "require_skilled_teachers": Param(
             False,
-            type="boolean",
+            type=["null", "boolean"],
             title="Require skilled teachers",
             description="A teacher below the floor fails the run (otherwise: a warning).",
         ),
-        "run_root": _run_root(),
+        "run_root": _run_root(None),
     }
 
 

@@ -94,11 +94,11 @@ class RunPlan(BaseModel):
             steps=params["steps"],
             seed=params["seed"],
             rollout_batch_size=params["rollout_batch_size"],
-            partial_rollout=params["partial_rollout"],
+            partial_rollout=params.get("partial_rollout") is not False,  # optional: on
             learning_rate=params.get("learning_rate"),
             extra=dict(params.get("extra") or {}),
-            ray_address=str(params["ray_address"]),
-            ray_python=str(params["ray_python"]),
+            ray_address=str(params.get("ray_address") or ""),
+            ray_python=str(params.get("ray_python") or ""),
             job_timeout_s=float(params["job_timeout_minutes"]) * 60.0,
             poll_s=float(params.get("poll_seconds", 5.0)),
         )

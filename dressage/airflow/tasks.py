@@ -21,7 +21,9 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from dressage.airflow.assets import ASSETS
+from dressage.airflow.param_checks import training_problems, validation_problems
 from dressage.airflow.plan import RunPlan, resolve_path
+from dressage.airflow.story import curves_path, staged_summary, tell
 from dressage.config.mopd import Problem
 from dressage.launch.base import LaunchError, sanitize_id
 from dressage.launch.request import JobRequest
@@ -67,8 +69,19 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> Path:
 # -- training DAGs ----------------------------------------------------------------------------
 
 
+def _values_to_fix(problems: Sequence[str]) -> str:
+    if len(problems) == 1:
+        return problems[0]
+    listed = "\n".join(f"  - {p}" for p in problems)
+    return f"{len(problems)} values of the trigger form to fix:\n{listed}"
+
+
 def plan_run(context: Context, *, objective: str, project_dir: Path) -> dict[str, Any]:
-    """The run's typed plan from its Params (already JSON-Schema-checked at trigger time)."""
+    """The run's typed plan from its Params: types were checked at trigger time, ranges and
+    URL schemes here (:mod:`dressage.airflow.param_checks`), one sentence per bad value."""
+    problems = training_problems(context["params"])
+    if problems:
+        raise AirflowFailException(_values_to_fix(problems))
     plan = RunPlan.from_params(
         context["params"],
         dag_id=context["dag"].dag_id,
@@ -267,12 +280,13 @@ def publish(
     checks: Sequence[Mapping[str, Any]],
     context: Context,
 ) -> dict[str, Any]:
-    """Asset events with the staged run's URL and check results; returns the run summary."""
-    from dressage.reporting.metrics import format_summary, parse_metrics, summarize
-    from dressage.staging import open_artifact
+    """Asset events with the staged run's URL, check results and curves; the run's note (the
+    summary with the artifact URL and the curves, as the UI opens them); returns the summary.
 
+    The summary table itself is logged once, at the end of the train task's log."""
     plan = RunPlan.model_validate(plan_data)
     url = str(staged["url"])
+    curves = curves_path(plan.dag_id, plan.run_id)
     for check in checks:
         asset = ASSETS[plan.objective][str(check["table"])]
         context["outlet_events"][asset].extra = {
@@ -282,31 +296,21 @@ def publish(
             "rollouts": check["rollouts"],
             "dag_id": plan.dag_id,
             "run_id": plan.run_id,
+            "curves": curves,
         }
-    run = open_artifact(url)
-    blobs = run.manifest.blobs
-    records = (
-        parse_metrics(run.read_blob("metrics.jsonl").decode()) if "metrics.jsonl" in blobs else []
-    )
-    job_summary = json.loads(run.read_blob("summary.json")) if "summary.json" in blobs else {}
-    summary = summarize(
-        records,
-        teachers=run.manifest.metadata.get("teachers", []),
-        heldout_initial=job_summary.get("heldout_reverse_kl_initial"),
-        teacher_accuracy=job_summary.get("teacher_accuracy"),
-        url=url,
-        curves=f"{url}/{blobs['curves.png'].path}" if "curves.png" in blobs else None,
-    )
-    text = format_summary(summary)
-    log.info("%s", text)
-    return {"summary": summary.to_dict(), "text": text}
+    told = staged_summary(url, objective=plan.objective, curves_link=curves)
+    tell(context, told.markdown)
+    log.info("published %s; the summary is in the run's note", ", ".join(ASSETS[plan.objective]))
+    return {"summary": told.data, "text": told.text}
 
 
 # -- the validation DAG -----------------------------------------------------------------------
 
 
 def load_validation(context: Context, *, project_dir: Path) -> dict[str, Any]:
-    """Resolve the Params and load the config; an unloadable config fails here, listing all."""
+    """Resolve the Params and try the config. Never fails: a config that does not load (and a
+    trigger-form value out of range) become problems of the one report that ``report`` writes.
+    """
     from dressage.launch.preflight import DEFAULT_SKILL_FLOOR, load_config
 
     params = context["params"]
@@ -316,53 +320,58 @@ def load_validation(context: Context, *, project_dir: Path) -> dict[str, Any]:
         student = str(resolve_path(str(student), project_dir))
     run_dir = resolve_path(str(params["run_root"]), project_dir)
     run_dir = run_dir / context["dag"].dag_id / sanitize_id(context["run_id"])
+    floor = params.get("teacher_skill_floor")
+    config, problems = load_config(config_path)
+    form = [{"subject": "trigger form", "message": p} for p in validation_problems(params)]
     spec = {
         "config": config_path,
         "student": student,
         "objective": params["objective"],
-        "teacher_skill_floor": float(params.get("teacher_skill_floor", DEFAULT_SKILL_FLOOR)),
-        "require_skilled_teachers": bool(params.get("require_skilled_teachers", False)),
+        "teacher_skill_floor": float(DEFAULT_SKILL_FLOOR if floor is None else floor),
+        "require_skilled_teachers": bool(params.get("require_skilled_teachers")),
         "report_path": str(run_dir / "report.json"),
+        "config_loaded": config is not None,
+        "load_problems": form + _problems(problems),
     }
-    config, problems = load_config(config_path)
-    if config is None:
-        report = {**spec, "ok": False, "problems": _problems(problems)}
-        _write_json(Path(spec["report_path"]), report)
-        listed = _lines(report["problems"])
-        raise AirflowFailException(
-            f"{config_path} is invalid:\n{listed}\nreport: {spec['report_path']}"
-        )
+    for problem in spec["load_problems"]:
+        log.error("%s: %s", problem["subject"], problem["message"])
     return spec
 
 
 def check_routes(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Route problems; nothing to check when the config did not load (already a problem)."""
     from dressage.launch.preflight import load_config, route_problems
 
-    config, _ = load_config(str(spec["config"]))
-    assert config is not None  # load_validation refused an unloadable config
+    config, _ = load_config(str(spec["config"])) if spec.get("config_loaded", True) else (None, [])
+    if config is None:
+        return {"problems": [], "warnings": [], "skipped": "the config did not load"}
     problems, warnings = route_problems(config)
     return {"problems": _problems(problems), "warnings": _problems(warnings)}
 
 
 def check_checkpoints(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Checkpoint problems and teachers' skill; nothing when the config did not load."""
     from dressage.launch.preflight import (
-        DEFAULT_SKILL_FLOOR,
         checkpoint_problems,
         load_config,
         skill_findings,
     )
 
-    config, _ = load_config(str(spec["config"]))
-    assert config is not None
+    config, _ = load_config(str(spec["config"])) if spec.get("config_loaded", True) else (None, [])
+    if config is None:
+        return {"problems": [], "warnings": [], "vocab_size": None}
     problems, vocab = checkpoint_problems(
         config, student=spec.get("student"), objective=spec["objective"]
     )
-    skill_problems, warnings = skill_findings(
-        config,
-        objective=spec["objective"],
-        floor=float(spec.get("teacher_skill_floor", DEFAULT_SKILL_FLOOR)),
-        required=bool(spec.get("require_skilled_teachers", False)),
-    )
+    skill_problems: list[Problem] = []
+    warnings: list[Problem] = []
+    if not spec.get("load_problems"):  # a floor out of range is already the problem to fix
+        skill_problems, warnings = skill_findings(
+            config,
+            objective=spec["objective"],
+            floor=float(spec["teacher_skill_floor"]),
+            required=bool(spec.get("require_skilled_teachers", False)),
+        )
     return {
         "problems": _problems(problems + skill_problems),
         "warnings": _problems(warnings),
@@ -373,10 +382,11 @@ def check_checkpoints(spec: Mapping[str, Any]) -> dict[str, Any]:
 def validation_verdict(
     spec: Mapping[str, Any], routes: Mapping[str, Any], checkpoints: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """One report of every problem; written beside the run, and the task fails if any."""
-    problems = [*routes["problems"], *checkpoints["problems"]]
+    """One report of every problem (the config's loading, routes, checkpoints); written beside
+    the run, and the task fails if any."""
+    problems = [*spec.get("load_problems", []), *routes["problems"], *checkpoints["problems"]]
     report = {
-        **spec,
+        **{k: v for k, v in spec.items() if k not in ("load_problems", "config_loaded")},
         "ok": not problems,
         "problems": problems,
         "warnings": [*routes["warnings"], *checkpoints.get("warnings", [])],

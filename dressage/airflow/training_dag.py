@@ -2,10 +2,14 @@
 
     plan -> validate -> start_services (setup) -> prepare_job -> train (deferrable)
          -> stage -> check_segments, check_train_data -> publish (Assets)
-    train >> stop_services (teardown)
+    start_services -> stop_services (teardown) <- train
 
-Each task is a line that calls :mod:`dressage.airflow.tasks`; the objective, the Assets, the
-schedule and the tags are what the two DAG files differ in.
+Those 11 edges are the graph the UI draws. A task takes its direct upstream's result as its
+argument and pulls what it needs from earlier tasks (the plan, the validation report, the
+services) from XCom inside the task, so that no edge is drawn for data that only travels
+along the chain. Each task is a line that calls :mod:`dressage.airflow.tasks`; a failure that
+retries cannot fix is told first in the log and in the run's note (:mod:`dressage.airflow.story`).
+The objective, the Assets, the schedule and the tags are what the two DAG files differ in.
 """
 
 from __future__ import annotations
@@ -18,13 +22,23 @@ from typing import Any, cast
 import pendulum
 from airflow.sdk import DAG, Asset, Context, dag, setup, task, teardown
 
-from dressage.airflow import tasks
-from dressage.airflow.operators import RunJobOperator
+from dressage.airflow import story, tasks
 from dressage.airflow.params import training_params
+from dressage.airflow.train_operator import TrainJobOperator
 
 __all__ = ["training_dag"]
 
 PROJECT = Path(__file__).resolve().parents[2]
+
+
+def quiet_task(fn: Any) -> Any:
+    """``@task`` whose result (a dict for XCom, not for reading) stays out of its log."""
+    return task(show_return_value_in_logs=False)(fn)
+
+
+def _pull(context: Any, task_id: str) -> Any:
+    """An earlier task's result (it ran: every task here is downstream of plan and validate)."""
+    return context["ti"].xcom_pull(task_ids=task_id)
 
 
 def training_dag(
@@ -40,41 +54,48 @@ def training_dag(
     """Build the DAG (see the module docstring) for one training objective."""
 
     # Task arguments are XComArgs when the DAG is built and dicts when the tasks run: Any.
-    @task
+    @quiet_task
     def plan(**context: Any) -> Any:
-        return tasks.plan_run(cast(Context, context), objective=objective, project_dir=PROJECT)
+        ctx = cast(Context, context)
+        work = lambda: tasks.plan_run(ctx, objective=objective, project_dir=PROJECT)  # noqa: E731
+        return story.guard(ctx, work)
 
-    @task
-    def validate(run: Any) -> Any:
-        return tasks.validate_run(run)
+    @quiet_task
+    def validate(run: Any, **context: Any) -> Any:
+        return story.guard(context, lambda: tasks.validate_run(run))
 
     @setup
-    @task
-    def start_services(run: Any, report: Any) -> Any:
-        return tasks.start_services(run, report)
+    @quiet_task
+    def start_services(report: Any, **context: Any) -> Any:
+        return tasks.start_services(_pull(context, "plan"), report)
 
-    @task
-    def prepare_job(run: Any, services: Any, report: Any) -> Any:
+    @quiet_task
+    def prepare_job(services: Any, **context: Any) -> Any:
+        run, report = _pull(context, "plan"), _pull(context, "validate")
         return tasks.prepare_job(run, services, report)
 
-    @task
-    def stage(run: Any, result: Any, report: Any) -> Any:
-        return tasks.stage(run, result, report)
+    @quiet_task
+    def stage(result: Any, **context: Any) -> Any:
+        run, report = _pull(context, "plan"), _pull(context, "validate")
+        return story.guard(context, lambda: tasks.stage(run, result, report))
 
-    @task
-    def check_segments(staged: Any, report: Any) -> Any:
-        return tasks.check_table(staged, "segments", report)
+    @quiet_task
+    def check_segments(staged: Any, **context: Any) -> Any:
+        report = _pull(context, "validate")
+        return story.guard(context, lambda: tasks.check_table(staged, "segments", report))
 
-    @task
-    def check_train_data(staged: Any, report: Any) -> Any:
-        return tasks.check_table(staged, "train_data", report)
+    @quiet_task
+    def check_train_data(staged: Any, **context: Any) -> Any:
+        report = _pull(context, "validate")
+        return story.guard(context, lambda: tasks.check_table(staged, "train_data", report))
 
-    @task(outlets=list(outlets))
-    def publish(run: Any, staged: Any, segments: Any, train_data: Any, **context: Any) -> Any:
+    @task(outlets=list(outlets), show_return_value_in_logs=False)
+    def publish(segments: Any, train_data: Any, **context: Any) -> Any:
+        run, staged = _pull(context, "plan"), _pull(context, "stage")
         return tasks.publish(run, staged, [segments, train_data], cast(Context, context))
 
     @teardown
-    @task
+    @quiet_task
     def stop_services(services: Any) -> Any:
         return tasks.stop_services(services)
 
@@ -91,12 +112,10 @@ def training_dag(
         params=training_params(objective=objective),
     )
     def pipeline() -> None:
-        run = plan()
-        report = validate(run)
-        services = start_services(run, report)
-        train = RunJobOperator(task_id="train", job=prepare_job(run, services, report))
-        staged = stage(run, train.output, report)
-        publish(run, staged, check_segments(staged, report), check_train_data(staged, report))
+        services = start_services(validate(plan()))
+        train = TrainJobOperator(task_id="train", objective=objective, job=prepare_job(services))
+        staged = stage(train.output)
+        publish(check_segments(staged), check_train_data(staged))
         train >> stop_services(services)
 
     built: DAG = pipeline()

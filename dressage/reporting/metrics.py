@@ -26,6 +26,7 @@ __all__ = [
     "RunSummary",
     "TaskAccuracy",
     "format_summary",
+    "mopd_markdown",
     "parse_metrics",
     "read_metrics",
     "series",
@@ -244,4 +245,26 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(f"artifacts: {summary.url}")
     if summary.curves:
         lines.append(f"curves:    {summary.curves}")
+    return "\n".join(lines)
+
+
+def _short(values: tuple[float, float] | None) -> str:
+    return "-" if values is None else f"{values[0]:.3f} → {values[1]:.3f}"
+
+
+def mopd_markdown(summary: RunSummary) -> str:
+    """The summary as a markdown table, for the run's note in the Airflow UI."""
+    teachers = [t for t in summary.teachers if t.teacher != ALL_TEACHERS]
+    heldout = any(t.heldout_kl for t in summary.teachers)
+    head = "| teacher | reverse KL | reward |" + (" held-out reverse KL |" if heldout else "")
+    lines = [
+        f"**MOPD, {summary.steps} step(s), {len(teachers)} teacher(s)** (first → last step"
+        + ("; held-out: before → after training)" if heldout else ")"),
+        "",
+        head,
+        "|---|---|---|" + ("---|" if heldout else ""),
+    ]
+    for t in summary.teachers:
+        row = f"| {t.teacher} | {_short(t.reverse_kl)} | {_short(t.reward)} |"
+        lines.append(row + (f" {_short(t.heldout_kl)} |" if heldout else ""))
     return "\n".join(lines)

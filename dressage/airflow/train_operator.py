@@ -1,0 +1,49 @@
+"""TrainJobOperator: the training DAGs' ``train`` task, a RunJobOperator that tells the outcome.
+
+    train = TrainJobOperator(task_id="train", objective="mopd", job=prepare_job.output)
+
+On success the end of its log is the run's summary (per teacher for MOPD; reward, pass rate per
+task and advantages for GRPO; :mod:`dressage.airflow.story`), which is also offered as the
+run's note. A failed job fails the task with its one-line verdict first in the log (state, exit
+code), then the tail of the job's log, and that verdict in the note.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from dressage.airflow import story
+from dressage.airflow.operators import RunJobOperator
+
+__all__ = ["TrainJobOperator"]
+
+
+class TrainJobOperator(RunJobOperator):
+    def __init__(self, *, objective: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.objective = objective
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        try:
+            result = super().execute(context)
+        except AirflowFailException as exc:
+            story.fail(context, str(exc))
+        return self._told(context, result)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = super().execute_complete(context, event)
+        except AirflowFailException as exc:
+            story.fail(context, str(exc))
+        return self._told(context, result)
+
+    def _told(self, context: Context, result: dict[str, Any]) -> dict[str, Any]:
+        told = story.output_summary(Path(result["outputs"]["output_dir"]), objective=self.objective)
+        story.log_lines(logging.INFO, f"run summary\n{told.text}")
+        story.tell(context, told.markdown)
+        return result
