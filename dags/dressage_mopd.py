@@ -1,19 +1,23 @@
 """
 ### dressage_mopd: multi-teacher on-policy distillation, end to end
 
-**validate** the MOPD config and checkpoints (fails closed, listing every problem) →
-**start_services**: the embedded engine and the recording proxy (a setup task; on the `ray`
-backend they run inside the job) → **prepare_job** writes the job's `run.json` →
+**plan** checks the form's values (ranges, URLs: one sentence per value to fix) and fixes the
+run's folders → **validate** the MOPD config and checkpoints (fails closed, listing every
+problem) → **start_services**: the embedded engine and the recording proxy (a setup task; on
+the `ray` backend they run inside the job) → **prepare_job** writes the job's `run.json` →
 **train**: the async MOPD training job, with generation paused around weight updates, awaited
-by a deferrable operator (no worker slot while it trains) → **stage** its artifacts to the
-artifact root (manifest last, checksums verified) → pandera **checks** of segments and train
-data → **publish** the `dressage_mopd_segments` / `dressage_mopd_train_data` Assets.
-**stop_services** (teardown) runs whatever happens.
+by a deferrable operator (no worker slot while it trains); its log ends with the run's summary
+→ **stage** the curves and the artifacts to the artifact root (manifest last, checksums
+verified) → pandera checks of segments (**check_segments**) and train data
+(**check_train_data**) → **publish** the `dressage_mopd_segments` / `dressage_mopd_train_data`
+Assets. **stop_services** (teardown) runs whatever happens.
 
-Run it from the trigger form, or `airflow dags test dressage_mopd --conf '{"steps": 8}'`.
-Backend `embedded` trains on this machine; `ray` submits the job to the Ray cluster at the
-advanced `ray_address`. To schedule it, set `DRESSAGE_MOPD_SCHEDULE` (a cron expression or
-preset, e.g. `0 3 * * *`) where the DAG processor runs; scheduled runs take the defaults.
+When the run ends, its note (on the run's page) holds the summary per teacher and the curves,
+or, if it failed, the reason. Run it from the trigger form, or
+`airflow dags test dressage_mopd --conf '{"steps": 8}'`. Backend `embedded` trains on this
+machine; `ray` submits the job to the Ray cluster at `ray_address` (in "Job and cluster
+settings"). To schedule it, set `DRESSAGE_MOPD_SCHEDULE` (a cron expression or preset, e.g.
+`0 3 * * *`) where the DAG processor runs; scheduled runs take the defaults.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ dag = training_dag(
     dag_id=Path(__file__).stem,
     objective="mopd",
     outlets=[MOPD_SEGMENTS, MOPD_TRAIN_DATA],
-    description="MOPD: validate, serve, train (deferred), stage, check, publish",
+    description="MOPD: plan, validate, serve, train (deferred), stage, check, publish",
     doc_md=__doc__,
     schedule=schedule_from_env(),
     tags=["dressage", "mopd", "training"],

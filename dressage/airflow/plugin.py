@@ -24,7 +24,7 @@ from airflow.plugins_manager import AirflowPlugin
 
 from dressage.airflow.story import NOTE_KEY
 
-__all__ = ["DressagePlugin", "NoteListener", "curves_app", "note_for", "write_note"]
+__all__ = ["DressagePlugin", "NoteListener", "curves_app", "curves_png", "note_for", "write_note"]
 
 STAGE_TASK = "stage"
 log = logging.getLogger(__name__)
@@ -94,6 +94,19 @@ class NoteListener:
         _on_end(dag_run)
 
 
+def curves_png(session: Any, dag_id: str, run_id: str) -> bytes:
+    """The run's ``curves.png`` from its staged artifacts; LookupError naming what is missing."""
+    from dressage.staging import ArtifactError, open_artifact
+
+    staged = _xcom(session, dag_id, run_id, "return_value", STAGE_TASK)
+    if not isinstance(staged, dict) or not staged.get("url"):
+        raise LookupError(f"run {run_id!r} of {dag_id!r} has no staged artifacts (yet)")
+    try:
+        return open_artifact(str(staged["url"])).read_blob("curves.png")
+    except (ArtifactError, KeyError, OSError) as exc:
+        raise LookupError(f"no curves at {staged['url']}: {exc}") from None
+
+
 def curves_app() -> Any:
     """The FastAPI app serving ``/curves`` (mounted under ``/dressage``)."""
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
@@ -101,19 +114,14 @@ def curves_app() -> Any:
     from airflow.api_fastapi.core_api.security import requires_access_dag
     from fastapi import Depends, FastAPI, HTTPException, Response
 
-    from dressage.staging import ArtifactError, open_artifact
-
     app = FastAPI(title="dressage reports", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/curves", dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
     def curves(dag_id: str, run_id: str, session: SessionDep) -> Response:
-        staged = _xcom(session, dag_id, run_id, "return_value", STAGE_TASK)
-        if not isinstance(staged, dict) or not staged.get("url"):
-            raise HTTPException(404, f"run {run_id!r} of {dag_id!r} has no staged artifacts")
         try:
-            png = open_artifact(str(staged["url"])).read_blob("curves.png")
-        except (ArtifactError, KeyError, OSError) as exc:
-            raise HTTPException(404, f"no curves at {staged['url']}: {exc}") from None
+            png = curves_png(session, dag_id, run_id)
+        except LookupError as exc:
+            raise HTTPException(404, str(exc)) from None
         return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
 
     return app

@@ -118,12 +118,12 @@ def summarize_rl(
     )
 
 
-def _pair(values: tuple[float, float] | None, fmt: str = ".4f") -> str:
-    return "-" if values is None else f"{values[0]:{fmt}} -> {values[1]:{fmt}}"
+def _pair(values: tuple[float, float] | None, fmt: str = ".4f", arrow: str = "->") -> str:
+    return "-" if values is None else f"{values[0]:{fmt}} {arrow} {values[1]:{fmt}}"
 
 
-def _percent(values: tuple[float, float]) -> str:
-    return f"{values[0]:.0%} -> {values[1]:.0%}"
+def _percent(values: tuple[float, float], arrow: str = "->") -> str:
+    return f"{values[0]:.0%} {arrow} {values[1]:.0%}"
 
 
 def _verdict(summary: RlSummary) -> str | None:
@@ -163,18 +163,18 @@ def format_rl_summary(summary: RlSummary) -> str:
 def rl_markdown(summary: RlSummary) -> str:
     """The same summary as a markdown table, for the run's note in the Airflow UI."""
     out = [
-        f"**GRPO, {summary.steps} step(s)**: reward {_pair(summary.reward, '.3f')}, "
-        f"policy-gradient loss {_pair(summary.pg_loss, '.3f')}",
+        f"**GRPO, {summary.steps} step(s)**: reward {_pair(summary.reward, '.3f', '→')}, "
+        f"policy-gradient loss {_pair(summary.pg_loss, '.3f', '→')}",
         "",
     ]
     if summary.pass_rate:
         out += ["| task | pass rate (first → last step) |", "|---|---|"]
-        out += [f"| {t} | {_percent(e)} |" for t, e in summary.pass_rate.items()]
+        out += [f"| {t} | {_percent(e, '→')} |" for t, e in summary.pass_rate.items()]
         out.append("")
     adv = summary.advantages
     if adv is not None:
         out.append(
-            f"Advantages: {adv.count} trajectories, std {adv.std:.3f}, mean |A| "
+            f"Advantages: {adv.count} trajectories, std {adv.std:.3f}, mean absolute "
             f"{adv.mean_abs:.3f}, zero for {adv.zero_fraction:.0%}."
         )
     if verdict := _verdict(summary):

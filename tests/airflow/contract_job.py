@@ -8,7 +8,7 @@ engine and the proxy, the admin key in the environment, and the engine's control
 engine refuses a control call without it and takes it, and the proxy pauses the engine with its
 own copy), then per step writes one artifact
 folder (segments, samples, train_data), one metrics.jsonl record with per-teacher reverse KL and
-reward, and a progress line; finally summary.json and checkpoints/. Knobs in
+reward (MOPD's keys) and per-task pass rate and loss (GRPO's), and a progress line; finally summary.json and checkpoints/. Knobs in
 ``advanced["contract_job"]``: ``fail_at_step`` (exit 3 with a traceback), ``bad_train_data``
 (positive log-probs: valid Arrow, failing pandera), ``step_sleep_s``.
 """
@@ -135,6 +135,9 @@ def _step(run: dict[str, Any], step: int, teachers: list[str], knobs: dict[str, 
         kl = (1.0 + k) * math.exp(-0.3 * step)
         metrics[f"rollout/mopd/opd_reverse_kl_train_aggregation_mean/{teacher}"] = kl
         metrics[f"rollout/mopd/raw_reward_trainable_trajectory_mean/{teacher}"] = 1.0 - kl / 2
+        metrics[f"rollout/reward/dataset/{teacher}"] = min(1.0, 0.25 * (step + k))  # pass rate
+    metrics["rollout/raw_reward"] = 0.5
+    metrics["train/pg_loss"] = 0.01 * (step + 1)
     with open(out / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps({"step": step, "time": time.time(), "metrics": metrics}) + "\n")
     print(f"step {step + 1}/{run['num_steps']} reverse_kl={metrics['train/mopd_reverse_kl']:.3f}")

@@ -111,3 +111,13 @@ def asset_events(run: Any) -> list[tuple[str, dict[str, Any]]]:
     with create_session() as session:
         query = select(AssetEvent).where(AssetEvent.source_run_id == run.run_id)
         return [(e.asset.uri, dict(e.extra or {})) for e in session.scalars(query).all()]
+
+
+def note(run: Any) -> str:
+    """The run's note as the UI shows it (empty without one)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        found = session.get(DagRun, run.id)
+        return str(found.note or "") if found is not None else ""

@@ -12,6 +12,7 @@ import json
 import stat
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote_plus
 
 import pytest
 
@@ -67,6 +68,7 @@ def _logs(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -
 def test_mopd_end_to_end(
     airflow_db: None,
     contract_job: None,
+    note_listener: None,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     capfd: pytest.CaptureFixture[str],
@@ -118,6 +120,24 @@ def test_mopd_end_to_end(
     assert "job | step 3/3" in logs  # the job's progress streams through the trigger
     assert "proxy_url healthy" in logs
     assert "engine control key checked" in logs  # the job, the engine and the proxy share it
+
+    # The story: the summary table once, at the end of train's log; no "Returned value was".
+    assert logs.count("run summary") == 1 and logs.count("reverse KL (first -> last)") == 1
+    assert "Returned value was" not in logs
+    note = harness.note(run)
+    assert note.startswith("**MOPD, 3 step(s), 2 teacher(s)**")
+    assert "| lookup |" in note and "| calculator |" in note
+    curves = f"/dressage/curves?dag_id=dressage_mopd&run_id={quote_plus(run.run_id)}"
+    assert f"[![curves]({curves})]({curves})" in note and f"Artifacts: `{url}`" in note
+    assert all(e["curves"] == curves for e in events.values())
+    from airflow.utils.session import create_session
+
+    from dressage.airflow.plugin import curves_png
+
+    with create_session() as session:  # what the plugin's route serves at that address
+        assert curves_png(session, "dressage_mopd", run.run_id).startswith(b"\x89PNG")
+        with pytest.raises(LookupError, match="has no staged artifacts"):
+            curves_png(session, "dressage_mopd", "no-such-run")
 
 
 def test_failing_job_fails_the_task_with_its_log_tail(
@@ -206,3 +226,47 @@ def test_an_unreachable_ray_address_fails_validation_naming_it(
     (problem,) = report["problems"]
     assert problem["subject"] == "ray_address"
     assert f"the Ray dashboard at {address} is unreachable" in problem["message"]
+
+
+def test_values_the_form_cannot_check_fail_the_plan_in_one_sentence_and_the_note(
+    airflow_db: None,
+    note_listener: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level("INFO")
+    conf = {**_conf(tmp_path), "steps": 0, "artifact_root": "http://host/x"}
+    run = harness.run_dag("dressage_mopd", conf)
+    states = harness.states(run)
+    assert run.state == "failed" and states["plan"] == "failed"
+    assert states["validate"] == states["train"] == "upstream_failed"
+    steps = "Training steps (steps) is 0: enter a whole number from 1 to 1,000,000."
+    root = "Artifact root (artifact_root) is 'http://host/x': enter a folder or a file://"
+    note = harness.note(run)
+    assert note.startswith("**plan failed**: 2 values of the trigger form to fix:")
+    assert f"- {steps}" in note and f"- {root}" in note.replace("\\", "")
+    logs = _logs(caplog, capfd)
+    assert logs.index(steps) < logs.index("Task failed with exception")  # the reason first
+
+
+def test_grpo_run_tells_reward_pass_rate_and_advantages(
+    airflow_db: None,
+    contract_job: None,
+    note_listener: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level("INFO")
+    run = harness.run_dag("dressage_rl", {**_conf(tmp_path, step_sleep_s=0), "steps": 2})
+    assert run.state == "success", harness.states(run)
+    logs = _logs(caplog, capfd)
+    assert "pass rate (first -> last step)" in logs and "teachers:" not in logs
+    assert "advantages: 8 trajectories, mean +0.5000" in logs  # the contract job's rewards
+    note = harness.note(run)
+    assert note.startswith("**GRPO, 2 step(s)**: reward 0.500 → 0.500")
+    # the contract job groups GRPO trajectories as one task, "all"
+    assert "| all | 0% → 25% |" in note and "/dressage/curves?dag_id=dressage_rl" in note
+    summary = harness.xcom(run, "publish")["summary"]
+    assert summary["objective"] == "grpo" and summary["pass_rate"] == {"all": [0.0, 0.25]}

@@ -72,7 +72,9 @@ def test_mismatched_and_missing_checkpoints_and_modules_are_all_reported(
     assert report["ok"] is False
 
 
-def test_a_dataset_without_its_teacher_fails_at_load(airflow_db: None, tmp_path: Path) -> None:
+def test_a_dataset_without_its_teacher_is_reported_by_the_report_task(
+    airflow_db: None, tmp_path: Path
+) -> None:
     data = json.loads(EMBEDDED.read_text())
     data["datasets"][1]["teacher_id"] = "retrieval"  # no such teacher
     data["datasets"][0]["weight"] = 0
@@ -80,8 +82,8 @@ def test_a_dataset_without_its_teacher_fails_at_load(airflow_db: None, tmp_path:
     run, report = _run(tmp_path, config)
     assert run.state == "failed"
     states = harness.states(run)
-    assert states["load_config"] == "failed"
-    assert states["check_routes"] == states["check_checkpoints"] == "upstream_failed"
+    assert states["load_config"] == states["check_routes"] == "success"
+    assert states["report"] == "failed"
     messages = {p["subject"]: p["message"] for p in report["problems"]}
     assert "teacher_id 'retrieval' is not a teacher" in messages["dataset 'lookup'"]
     assert "weight must be > 0" in messages["dataset 'calculator'"]
@@ -111,3 +113,36 @@ def test_unskilled_teachers_warn_and_fail_when_skill_is_required(
         found = report["problems"] if required else report["warnings"]
         subjects = {f["subject"] for f in found if "below the floor" in f["message"]}
         assert subjects == {f"teacher {tid!r}" for tid in teachers}, report
+
+
+def test_a_missing_config_still_gets_its_json_report_and_note(
+    airflow_db: None, note_listener: None, tmp_path: Path
+) -> None:
+    missing = tmp_path / "does_not_exist.json"
+    run, report = _run(tmp_path, missing)
+    assert run.state == "failed"
+    states = harness.states(run)
+    assert states["load_config"] == states["check_routes"] == states["check_checkpoints"]
+    assert states["load_config"] == "success" and states["report"] == "failed"
+    assert report["ok"] is False and report["config"] == str(missing)
+    ((subject, message),) = [(p["subject"], p["message"]) for p in report["problems"]]
+    assert "No such file" in message, (subject, message)
+    note = harness.note(run)
+    assert note.startswith("**report failed**:") and "does\\_not\\_exist.json" in note
+
+
+def test_a_floor_out_of_range_is_a_problem_of_the_report(airflow_db: None, tmp_path: Path) -> None:
+    run = harness.run_dag(
+        "dressage_validate",
+        {"mopd_config": str(EMBEDDED), "teacher_skill_floor": 1.5, "run_root": str(tmp_path)},
+    )
+    assert run.state == "failed"
+    (path,) = (tmp_path / "dressage_validate").glob("*/report.json")
+    problems = json.loads(path.read_text())["problems"]
+    assert problems == [
+        {
+            "subject": "trigger form",
+            "message": "Teacher skill floor (teacher_skill_floor) is 1.5: "
+            "enter a number from 0 to 1.",
+        }
+    ]

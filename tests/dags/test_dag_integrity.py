@@ -81,27 +81,34 @@ def test_tags_retries_docs_and_params(dag_id: str) -> None:
     assert "mopd_config" in dag.params and "student" in dag.params
 
 
-def test_training_dags_share_one_flow() -> None:
-    flow = {
-        "plan": {"validate", "start_services", "prepare_job", "stage", "publish"},
-        "validate": {"start_services", "prepare_job", "stage", "check_segments"},
-        "start_services": {"prepare_job", "stop_services"},
-        "prepare_job": {"train"},
-        "train": {"stage", "stop_services"},
-        "stage": {"check_segments", "check_train_data", "publish"},
-        "check_segments": {"publish"},
-        "check_train_data": {"publish"},
-    }
-    for dag_id in ("dressage_mopd", "dressage_rl"):
-        dag = harness.dagbag().dags[dag_id]
-        for task_id, downstream in flow.items():
-            assert downstream <= dag.get_task(task_id).downstream_task_ids, (dag_id, task_id)
-        assert dag.get_task("start_services").is_setup
-        assert dag.get_task("stop_services").is_teardown
-        assert type(dag.get_task("train")).__name__ == "RunJobOperator"
-        outlets = {a.uri for a in dag.get_task("publish").outlets}
-        kind = "mopd" if dag_id == "dressage_mopd" else "rl"
-        assert outlets == {f"dressage://{kind}/segments", f"dressage://{kind}/train_data"}
+# The README's diagram: data that travels along the chain draws no edge of its own.
+TRAINING_UPSTREAM = {
+    "plan": set(),
+    "validate": {"plan"},
+    "start_services": {"validate"},
+    "prepare_job": {"start_services"},
+    "train": {"prepare_job"},
+    "stage": {"train"},
+    "check_segments": {"stage"},
+    "check_train_data": {"stage"},
+    "publish": {"check_segments", "check_train_data"},
+    "stop_services": {"start_services", "train"},
+}
+
+
+@pytest.mark.parametrize("dag_id", ["dressage_mopd", "dressage_rl"])
+def test_training_dags_draw_the_eleven_edges_of_the_readme(dag_id: str) -> None:
+    dag = harness.dagbag().dags[dag_id]
+    assert len(dag.task_dict) == len(TRAINING_UPSTREAM)
+    upstream = {t.task_id: set(t.upstream_task_ids) for t in dag.tasks}
+    assert upstream == TRAINING_UPSTREAM
+    assert sum(len(u) for u in upstream.values()) == 11
+    assert dag.get_task("start_services").is_setup
+    assert dag.get_task("stop_services").is_teardown
+    assert type(dag.get_task("train")).__name__ == "TrainJobOperator"
+    outlets = {a.uri for a in dag.get_task("publish").outlets}
+    kind = "mopd" if dag_id == "dressage_mopd" else "rl"
+    assert outlets == {f"dressage://{kind}/segments", f"dressage://{kind}/train_data"}
 
 
 def test_validation_dag_checks_routes_and_checkpoints_in_parallel() -> None:
@@ -109,13 +116,19 @@ def test_validation_dag_checks_routes_and_checkpoints_in_parallel() -> None:
     assert dag.get_task("load_config").downstream_task_ids == {
         "check_routes",
         "check_checkpoints",
-        "report",
     }
-    assert dag.get_task("report").upstream_task_ids == {
-        "load_config",
-        "check_routes",
-        "check_checkpoints",
-    }
+    assert dag.get_task("report").upstream_task_ids == {"check_routes", "check_checkpoints"}
+
+
+@pytest.mark.parametrize("dag_id", [p.stem for p in DAG_FILES])
+def test_docs_name_every_task_and_the_description_every_stage(dag_id: str) -> None:
+    dag = harness.dagbag().dags[dag_id]
+    for task_id in dag.task_dict:
+        assert f"**{task_id}**" in dag.doc_md, f"{dag_id}'s doc does not name {task_id}"
+    if dag_id != "dressage_validate":
+        stages = ("validate", "serve", "train", "stage", "check", "publish")
+        assert all(word in dag.description for word in stages), dag.description
+    assert len(dag.description) <= 100  # the DAG list shows it on one line
 
 
 def test_mopd_is_schedulable_from_the_environment() -> None:
