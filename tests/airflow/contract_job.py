@@ -9,8 +9,9 @@ engine refuses a control call without it and takes it, and the proxy pauses the 
 own copy), then per step writes one artifact
 folder (segments, samples, train_data), one metrics.jsonl record with per-teacher reverse KL and
 reward (MOPD's keys) and per-task pass rate and loss (GRPO's), and a progress line; finally
-summary.json and checkpoints/. Knobs in ``advanced["contract_job"]``: ``fail_at_step`` (exit 3 with a traceback), ``bad_train_data``
-(positive log-probs: valid Arrow, failing pandera), ``step_sleep_s``.
+summary.json and checkpoints/. Knobs in ``advanced["contract_job"]``: ``fail_at_step`` (exit 3
+with a traceback), ``bad_train_data`` (positive log-probs: valid Arrow, failing pandera),
+``step_sleep_s``.
 """
 
 from __future__ import annotations
