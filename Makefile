@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: venv test lint typecheck pytest assets demo airflow clean
+.PHONY: venv test test-ui lint typecheck pytest assets demo airflow clean
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -27,6 +27,14 @@ typecheck: venv
 
 pytest: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## make test-ui: the browser test of `make airflow` (tests/ui/; about 8 minutes, so not in
+## make test): Debian's chromium (apt, as root) and playwright-core (npm ci) when missing;
+## screenshots in tests/ui/artifacts/
+test-ui: venv
+	@[ -x /usr/bin/chromium ] || { apt-get update && apt-get install -y chromium; }
+	cd tests/ui && npm ci --no-audit --no-fund
+	cd tests/ui && node --test --test-concurrency=1 airflow_ui.test.mjs
 
 ## make demo: dressage_mopd end to end on the embedded default, through Airflow (<= 10 min)
 demo: venv

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, get_args
 
 from airflow.listeners import hookimpl
 from airflow.plugins_manager import AirflowPlugin
@@ -114,10 +114,11 @@ def curves_app() -> Any:
     from airflow.api_fastapi.core_api.security import requires_access_dag
     from fastapi import Depends, FastAPI, HTTPException, Response
 
+    session_dep = get_args(SessionDep)[1]  # its Depends: the annotation is a string here
     app = FastAPI(title="dressage reports", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/curves", dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
-    def curves(dag_id: str, run_id: str, session: SessionDep) -> Response:
+    def curves(dag_id: str, run_id: str, session: Any = session_dep) -> Response:
         try:
             png = curves_png(session, dag_id, run_id)
         except LookupError as exc:

@@ -78,9 +78,13 @@ def tell(context: Context, markdown: str) -> None:
     context["ti"].xcom_push(key=NOTE_KEY, value=fit_note(markdown.strip()))
 
 
-def log_lines(level: int, text: str) -> None:
-    """Log ``text`` one line per record, wrapped at word boundaries near 100 characters."""
+def log_lines(level: int, text: str, *, wrap: bool = True) -> None:
+    """Log ``text`` one line per record, wrapped at word boundaries near 100 characters (a
+    table is logged with ``wrap=False``: its rows keep their columns)."""
     for line in text.splitlines() or [""]:
+        if not wrap:
+            log.log(level, "%s", line)
+            continue
         indent = line[: len(line) - len(line.lstrip())] + "    "
         pieces = textwrap.wrap(
             line,

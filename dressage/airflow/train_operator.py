@@ -44,6 +44,6 @@ class TrainJobOperator(RunJobOperator):
 
     def _told(self, context: Context, result: dict[str, Any]) -> dict[str, Any]:
         told = story.output_summary(Path(result["outputs"]["output_dir"]), objective=self.objective)
-        story.log_lines(logging.INFO, f"run summary\n{told.text}")
+        story.log_lines(logging.INFO, f"run summary\n{told.text}", wrap=False)
         story.tell(context, told.markdown)
         return result

@@ -252,14 +252,30 @@ def _short(values: tuple[float, float] | None) -> str:
     return "-" if values is None else f"{values[0]:.3f} → {values[1]:.3f}"
 
 
+def _headline(summary: RunSummary) -> str:
+    """The numbers a reader wants first: the pooled held-out reverse KL, else the trained one."""
+    by_name = {t.teacher: t for t in summary.teachers}
+    pooled = by_name.get(ALL_TEACHERS)
+    if pooled is not None and pooled.heldout_kl:
+        return f"held-out reverse KL {_short(pooled.heldout_kl)} (before → after)"
+    kl = [t.heldout_kl or t.reverse_kl for t in summary.teachers]
+    known = [k for k in kl if k]
+    if not known:
+        return "no metrics"
+    first, last = (sum(k[i] for k in known) / len(known) for i in (0, 1))
+    return f"reverse KL {first:.3f} → {last:.3f} (mean over teachers)"
+
+
 def mopd_markdown(summary: RunSummary) -> str:
-    """The summary as a markdown table, for the run's note in the Airflow UI."""
+    """The summary as markdown for the run's note: a one-line headline (the UI shows the
+    note's first line on the run's page), then a table per teacher."""
     teachers = [t for t in summary.teachers if t.teacher != ALL_TEACHERS]
     heldout = any(t.heldout_kl for t in summary.teachers)
     head = "| teacher | reverse KL | reward |" + (" held-out reverse KL |" if heldout else "")
     lines = [
-        f"**MOPD, {summary.steps} step(s), {len(teachers)} teacher(s)** (first → last step"
-        + ("; held-out: before → after training)" if heldout else ")"),
+        f"**MOPD, {summary.steps} step(s), {len(teachers)} teacher(s)**: {_headline(summary)}",
+        "",
+        "First → last step" + ("; held-out: before → after training." if heldout else "."),
         "",
         head,
         "|---|---|---|" + ("---|" if heldout else ""),

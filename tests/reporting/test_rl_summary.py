@@ -66,6 +66,7 @@ def test_mopd_note_is_a_markdown_table_per_teacher() -> None:
     ]
     markdown = mopd_markdown(summarize(records))
     lines = markdown.splitlines()
-    assert lines[0].startswith("**MOPD, 3 step(s), 2 teacher(s)**")
+    headline = "reverse KL 1.500 → 1.400 (mean over teachers)"
+    assert lines[0] == f"**MOPD, 3 step(s), 2 teacher(s)**: {headline}"
     assert "| lookup | 1.000 → 0.800 | - |" in lines
-    assert lines[3] == "|---|---|---|"
+    assert lines[5] == "|---|---|---|"
