@@ -188,8 +188,9 @@ def _train_data_rewards(urls: Iterable[str]) -> list[float]:
     return out
 
 
-def output_summary(output_dir: Path, *, objective: str) -> Told:
-    """The summary of a finished job from its output folder (the train task's view)."""
+def output_summary(output_dir: Path, *, objective: str, teachers: Iterable[str] = ()) -> Told:
+    """The summary of a finished job from its output folder (the train task's view); every
+    teacher in ``teachers`` gets a row, sampled in this run or not."""
     metrics = output_dir / "metrics.jsonl"
     job = output_dir / "summary.json"
     rollouts = sorted((output_dir / "artifacts").glob("rollout-*"))
@@ -198,6 +199,7 @@ def output_summary(output_dir: Path, *, objective: str) -> Told:
         json.loads(job.read_text()) if job.is_file() else {},
         lambda: _train_data_rewards(p.resolve().as_uri() for p in rollouts),
         objective=objective,
+        teachers=teachers,
     )
 
 

@@ -43,7 +43,12 @@ class TrainJobOperator(RunJobOperator):
         return self._told(context, result)
 
     def _told(self, context: Context, result: dict[str, Any]) -> dict[str, Any]:
-        told = story.output_summary(Path(result["outputs"]["output_dir"]), objective=self.objective)
+        report = context["ti"].xcom_pull(task_ids="validate") or {}
+        told = story.output_summary(
+            Path(result["outputs"]["output_dir"]),
+            objective=self.objective,
+            teachers=report.get("teachers", []) if self.objective == "mopd" else [],
+        )
         story.log_lines(logging.INFO, f"run summary\n{told.text}", wrap=False)
         story.tell(context, told.markdown)
         return result

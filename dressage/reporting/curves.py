@@ -57,7 +57,8 @@ def plot_curves(
             dark = tuple(0.7 * c for c in colour)
             ax.plot(steps, values, color=colour, alpha=0.35, linewidth=1)
             smooth = rolling_mean(values, _window(len(values)))
-            ax.plot(steps, smooth, color=dark, linewidth=2.2, label=teacher)
+            marker = "o" if len(steps) < 5 else None  # a line of one point draws nothing
+            ax.plot(steps, smooth, color=dark, linewidth=2.2, marker=marker, label=teacher)
         if found:
             ax.legend(title="teacher", fontsize="small")
         else:

@@ -3,6 +3,7 @@ failures whose reason comes first and whose note lists the problems."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -63,3 +64,14 @@ def test_fail_logs_the_reason_first_short_lines_and_notes_the_problems(
     note = ti.pushed[NOTE_KEY]
     assert note.splitlines()[0] == "**validate failed**: configs/x.json (mopd): 2 problem(s)"
     assert "- dataset 'calc': weight must be > 0" in note.replace("\\", "")
+
+
+def test_the_train_summary_names_every_teacher_even_unsampled(tmp_path: Any) -> None:
+    from dressage.airflow.story import output_summary
+
+    kl = "rollout/mopd/opd_reverse_kl_train_aggregation_mean/calculator"
+    record = {"step": 0, "time": 0.0, "metrics": {kl: 1.25}}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    told = output_summary(tmp_path, objective="mopd", teachers=["calculator", "lookup"])
+    assert "teachers: 2" in told.text and "lookup" in told.text
+    assert told.markdown.startswith("**MOPD, 1 step(s), 2 teacher(s)**")

@@ -203,6 +203,7 @@ test("a person signs in, triggers dressage_mopd and reads what the run tells", a
     await page.getByRole("button", { name: /Dag Docs/ }).click();
     const docs = page.getByRole("dialog");
     await docs.getByText("checks the form's values").waitFor();
+    await page.waitForTimeout(1000); // the dialog's fade-in, for a readable screenshot
     await shot("02-dag-docs");
     await page.keyboard.press("Escape");
   });
