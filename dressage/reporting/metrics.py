@@ -253,7 +253,12 @@ def _short(values: tuple[float, float] | None) -> str:
 
 
 def _headline(summary: RunSummary) -> str:
-    """The numbers a reader wants first: the pooled held-out reverse KL, else the trained one."""
+    """The numbers a reader wants first: held-out accuracy per task, else the pooled held-out
+    reverse KL, else the trained one."""
+    measured = [a for a in summary.tasks if a.student]
+    if measured:
+        parts = [f"{a.task} {_pct(a.student)}" for a in measured]
+        return "held-out accuracy " + ", ".join(parts) + " (before → after)"
     by_name = {t.teacher: t for t in summary.teachers}
     pooled = by_name.get(ALL_TEACHERS)
     if pooled is not None and pooled.heldout_kl:
@@ -283,4 +288,11 @@ def mopd_markdown(summary: RunSummary) -> str:
     for t in summary.teachers:
         row = f"| {t.teacher} | {_short(t.reverse_kl)} | {_short(t.reward)} |"
         lines.append(row + (f" {_short(t.heldout_kl)} |" if heldout else ""))
+    if summary.tasks:
+        lines += ["", "| task | teacher accuracy | held-out accuracy |", "|---|---|---|"]
+        lines += [f"| {a.task} | {_share(a.teacher)} | {_pct(a.student)} |" for a in summary.tasks]
     return "\n".join(lines)
+
+
+def _pct(values: tuple[float, float] | None) -> str:
+    return "-" if values is None else f"{values[0]:.0%} → {values[1]:.0%}"

@@ -16,6 +16,7 @@ from dressage.reporting.metrics import (
     REVERSE_KL,
     REWARD,
     format_summary,
+    mopd_markdown,
     read_metrics,
     series,
     summarize,
@@ -113,6 +114,9 @@ def test_summary_reports_held_out_accuracy_per_task_beside_its_teacher() -> None
     assert "  lookup      94%               25% -> 100%" in text
     assert summary.to_dict()["accuracy"]["lookup"] == {"teacher": 0.9375, "student": [0.25, 1.0]}
     assert [s for s, _ in series(records, ACCURACY)["calculator"]] == [-1, 1, 2]
+    note = mopd_markdown(summary).splitlines()
+    assert "held-out accuracy calculator 0% → 75%, lookup 25% → 100%" in note[0]  # headline
+    assert "| calculator | 100% | 0% → 75% |" in note
     only_teachers = summarize(_records(2), teacher_accuracy={"lookup": 1.0})
     assert [(a.task, a.student) for a in only_teachers.tasks] == [("lookup", None)]
     assert "teacher accuracy" not in format_summary(summarize(_records(2)))
