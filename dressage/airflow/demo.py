@@ -28,10 +28,11 @@ DAG_ID = "dressage_mopd"
 EMBEDDED_RECIPE: dict[str, Any] = {
     "rollout_batch_size": 8,
     "learning_rate": 2e-3,
-    "extra": {"max_response_len": 24, "agent_max_turns": 2},
+    "extra": {"max_response_len": 24, "agent_max_turns": 2, "eval_interval": 2},
 }
 """Settings for the tiny embedded models (the job's defaults are a real model's): a learning rate
-they move at and short agent turns, as tests/e2e/test_mopd_embedded.py trains them."""
+they move at and short agent turns, as tests/e2e/test_mopd_embedded.py trains them; held-out
+accuracy every second step (and before and after the run)."""
 
 
 def _environment(verbose: bool) -> None:

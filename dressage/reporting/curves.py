@@ -1,4 +1,5 @@
-"""The learning curves of a run as one PNG: reverse KL and reward per teacher over the steps.
+"""The learning curves of a run as one PNG: reverse KL and reward per teacher, held-out
+accuracy per task, over the steps (step -1: before training).
 
     python -m dressage.reporting.curves runs/x/output/metrics.jsonl runs/x/output/curves.png
 
@@ -13,7 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dressage.reporting.metrics import REVERSE_KL, REWARD, Family, read_metrics, series
+from dressage.reporting.metrics import (
+    ACCURACY,
+    REVERSE_KL,
+    REWARD,
+    Family,
+    read_metrics,
+    series,
+)
 
 __all__ = ["plot_curves", "rolling_mean"]
 
@@ -59,8 +67,10 @@ def plot_curves(
             smooth = rolling_mean(values, _window(len(values)))
             marker = "o" if len(steps) < 5 else None  # a line of one point draws nothing
             ax.plot(steps, smooth, color=dark, linewidth=2.2, marker=marker, label=teacher)
+        if family is ACCURACY:  # a share: the whole range, so 0 -> 0.1 does not look steep
+            ax.set_ylim(-0.03, 1.03)
         if found:
-            ax.legend(title="teacher", fontsize="small")
+            ax.legend(title="task" if family is ACCURACY else "teacher", fontsize="small")
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(family.title)
