@@ -32,7 +32,9 @@ def test_make_demo_runs_dressage_mopd_end_to_end(tmp_path: Path) -> None:
     for task in ("validate", "start_services", "train", "stage", "check_segments", "publish"):
         assert f"{task:<18} success" in out, task
     assert "step 2/2" in out and "held-out reverse KL before training" in out  # live progress
+    assert "held-out accuracy before training: " in out  # through the agent loop, per task
     assert "steps: 2   teachers: 2" in out
+    assert "teacher accuracy  held-out accuracy (before -> after)" in out
     for teacher in ("calculator", "lookup"):
         assert f"  {teacher} " in out
     png = Path(out.split("PNG of the curves: ")[1].split()[0])
