@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 
 from dressage.agents import AgentResult, AgentTask, load_agent
 from dressage.agents.compacting import compact
+from dressage.proxy.config import DEFAULT_MAX_TOKENS
 from dressage.proxy.tito import TITOTokenizer
 from dressage.trajectory import Segment
 from tests.agents.conftest import answer, tool_call
@@ -64,7 +65,9 @@ def test_tool_user_calls_the_calculator_and_answers_in_one_segment(
     }
     # the task's tools were sent, and its sampling fields reached the engine
     assert '"name": "calculator"' in tito.decode(plan.bodies[0]["input_ids"])
-    assert all(body["sampling_params"]["max_new_tokens"] is None for body in plan.bodies)
+    # the agent sets no max_tokens: the proxy's bounded default, within what the context leaves
+    budgets = [body["sampling_params"]["max_new_tokens"] for body in plan.bodies]
+    assert all(isinstance(b, int) and 0 < b <= DEFAULT_MAX_TOKENS for b in budgets), budgets
 
 
 def test_bad_tool_arguments_come_back_as_an_error_result(
