@@ -24,6 +24,10 @@ pytestmark = pytest.mark.integration
 
 DAG_IDS = ["dressage_mopd", "dressage_rl", "dressage_validate"]
 
+_api = httpx.Client(timeout=60)
+"""Every API call's client: the api-server shares the 2 cores with the scheduler, the triggerer,
+the training job and the other test worker, so a 5 s default read timeout is not enough."""
+
 
 @pytest.fixture
 def standalone(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
@@ -58,7 +62,7 @@ def standalone(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
             time.sleep(2)
         secret = home / "simple_auth_manager_passwords.json.generated"
         password = json.loads(secret.read_text())["admin"]
-        token = httpx.post(
+        token = _api.post(
             f"{base}/auth/token", json={"username": "admin", "password": password}
         ).json()["access_token"]
         yield base, {"Authorization": f"Bearer {token}"}
@@ -72,7 +76,7 @@ def _wait_run(base: str, headers: dict[str, str], dag_id: str, run_id: str) -> s
     url = f"{base}/api/v2/dags/{dag_id}/dagRuns/{run_id}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        state = str(httpx.get(url, headers=headers).json()["state"])
+        state = str(_api.get(url, headers=headers).json()["state"])
         if state in ("success", "failed"):
             return state
         time.sleep(2)
@@ -80,9 +84,9 @@ def _wait_run(base: str, headers: dict[str, str], dag_id: str, run_id: str) -> s
 
 
 def _trigger(base: str, headers: dict[str, str], dag_id: str, conf: dict) -> httpx.Response:
-    httpx.patch(f"{base}/api/v2/dags/{dag_id}", headers=headers, json={"is_paused": False})
+    _api.patch(f"{base}/api/v2/dags/{dag_id}", headers=headers, json={"is_paused": False})
     body = {"logical_date": None, "conf": conf}
-    return httpx.post(f"{base}/api/v2/dags/{dag_id}/dagRuns", headers=headers, json=body)
+    return _api.post(f"{base}/api/v2/dags/{dag_id}/dagRuns", headers=headers, json=body)
 
 
 def test_make_airflow_serves_the_dags_and_runs_them_from_a_trigger(
@@ -90,18 +94,18 @@ def test_make_airflow_serves_the_dags_and_runs_them_from_a_trigger(
 ) -> None:
     base, headers = standalone
     port = int(base.rsplit(":", 1)[1])
-    assert httpx.get(f"{base}/api/v2/dags").status_code == 401  # signed-in users only
+    assert _api.get(f"{base}/api/v2/dags").status_code == 401  # signed-in users only
     with socket.socket() as sock:  # bound to loopback, not to the machine's other addresses
         other = socket.gethostbyname(socket.gethostname())
         assert other.startswith("127.") or sock.connect_ex((other, port)) != 0
     deadline = time.monotonic() + 120
     while True:  # the dag-processor parses the files shortly after start
-        dags = httpx.get(f"{base}/api/v2/dags", headers=headers).json()["dags"]
+        dags = _api.get(f"{base}/api/v2/dags", headers=headers).json()["dags"]
         if sorted(d["dag_id"] for d in dags) == DAG_IDS or time.monotonic() > deadline:
             break
         time.sleep(2)
     assert sorted(d["dag_id"] for d in dags) == DAG_IDS
-    assert httpx.get(f"{base}/api/v2/importErrors", headers=headers).json()["total_entries"] == 0
+    assert _api.get(f"{base}/api/v2/importErrors", headers=headers).json()["total_entries"] == 0
 
     bad = _trigger(base, headers, "dressage_validate", {"objective": "nope"})
     assert bad.status_code == 400 and "objective" in bad.text  # refused at trigger time
@@ -121,7 +125,7 @@ def test_make_airflow_serves_the_dags_and_runs_them_from_a_trigger(
     assert run.status_code == 200, run.text
     run_id = run.json()["dag_run_id"]
     state = _wait_run(base, headers, "dressage_mopd", run_id)
-    tis = httpx.get(
+    tis = _api.get(
         f"{base}/api/v2/dags/dressage_mopd/dagRuns/{run_id}/taskInstances", headers=headers
     ).json()["task_instances"]
     states = {t["task_id"]: t["state"] for t in tis}
