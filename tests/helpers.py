@@ -1,8 +1,9 @@
-"""Small helpers shared by tests (paths, free ports, the slime checkout, fuzz figures)."""
+"""Small helpers shared by tests (paths, free ports, the slime checkout, fuzz and auth figures)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from collections import Counter
@@ -34,14 +35,51 @@ def bearer(key: str) -> dict[str, str]:
 def report_fuzz(service: str, statuses: Counter[int], seconds: float) -> None:
     """Add a fuzz run's figures (cases, 5xx, seconds, statuses) to the JSON file named by
     ``$FUZZ_REPORT``, if set (how the issue's closing figures are produced)."""
-    path = os.environ.get("FUZZ_REPORT")
-    if not path:
-        return
     figures = {
         "cases": sum(statuses.values()),
         "5xx": sum(n for status, n in statuses.items() if status >= 500),
         "seconds": round(seconds, 1),
         "statuses": dict(sorted(statuses.items())),
     }
+    _report("FUZZ_REPORT", service, figures)
+
+
+def report_auth(matrix: str, attempts: int, refused: int) -> None:
+    """Add an auth matrix's bad-credential figures (requests sent without the right key, and
+    how many of them got the 401) to the JSON file named by ``$AUTH_REPORT``, if set."""
+    _report("AUTH_REPORT", matrix, {"attempts": attempts, "refused": refused})
+
+
+def _report(variable: str, name: str, figures: dict[str, object]) -> None:
+    path = os.environ.get(variable)
+    if not path:
+        return
     existing = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    Path(path).write_text(json.dumps({**existing, service: figures}, indent=1))
+    Path(path).write_text(json.dumps({**existing, name: figures}, indent=1))
+
+
+FUZZ_SCALE_ENV = "DRESSAGE_FUZZ_SCALE"
+
+
+def fuzz_scale() -> float:
+    """``$DRESSAGE_FUZZ_SCALE`` (default 1): the fuzz tests draw this many times their example
+    counts (scripts/chaos.py runs them at 10 for issue 15's ~20,000 cases). Below 1 (a smoke
+    run) their floors shrink with them; at 1 or more the floors are CI's."""
+    raw = os.environ.get(FUZZ_SCALE_ENV, "1")
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = math.nan
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{FUZZ_SCALE_ENV} must be a positive number, got {raw!r}")
+    return scale
+
+
+def fuzz_examples(count: int) -> int:
+    """``count`` examples at the fuzz scale (at least 1)."""
+    return max(1, round(count * fuzz_scale()))
+
+
+def fuzz_floor(count: int) -> int:
+    """A fuzz test's floor ``count``, shrunk by a scale below 1 (never raised above it)."""
+    return math.ceil(count * min(1.0, fuzz_scale()))

@@ -19,6 +19,7 @@ import pytest
 
 from dressage.cli import main as dressage_main
 from tests.auth_cases import accepted, call, refused
+from tests.helpers import report_auth
 
 ADMIN = "engine-admin-key-0123"
 API = "engine-api-key-0123"
@@ -79,6 +80,8 @@ def test_control_routes_need_the_control_key(keyed: tuple[str, str]) -> None:
             got = call(url, method, path, header, body)
             if got != UNAUTHORIZED:
                 wrong.append((name, method, path, got))
+    attempts = len(refused(control_key, other)) * len(CONTROL)
+    report_auth(f"engine control routes ({setup})", attempts, attempts - len(wrong))
     assert not wrong, f"{setup}: answered without the control key: {wrong}"
     api_header = f"Bearer {api_key}" if api_key else None
     info = call(url, "GET", "/model_info", api_header)[1]
@@ -110,6 +113,8 @@ def test_data_routes_need_the_api_key_only_when_there_is_one(keyed: tuple[str, s
             for method, path, body in DATA:
                 if (got := call(url, method, path, header, body)) != UNAUTHORIZED:
                     wrong.append((name, path, got))
+        attempts = len(refused(api_key, admin_key)) * len(DATA)
+        report_auth(f"engine data routes ({setup})", attempts, attempts - len(wrong))
         for name, header in accepted(api_key).items():
             for method, path, body in DATA:
                 if (got := call(url, method, path, header, body))[0] != 200:
@@ -137,11 +142,13 @@ def test_weight_update_errors_do_not_tell_which_paths_exist(
     key = admin_key or api_key
     (tmp_path / "file").write_text("not a model")
     paths = ["/no/such/folder", str(tmp_path), str(tmp_path / "file"), "/etc", "/root"]
-    for header in (None, "Bearer wrong-key-0123456"):
-        answers = [
-            call(url, "POST", "/update_weights_from_disk", header, {"model_path": p}) for p in paths
-        ]
-        assert answers == [UNAUTHORIZED] * len(paths)
+    keyless = [
+        call(url, "POST", "/update_weights_from_disk", header, {"model_path": p})
+        for header in (None, "Bearer wrong-key-0123456")
+        for p in paths
+    ]
+    report_auth(f"engine weight updates ({setup})", len(keyless), keyless.count(UNAUTHORIZED))
+    assert keyless == [UNAUTHORIZED] * len(keyless)
     answers = [
         call(url, "POST", "/update_weights_from_disk", f"Bearer {key}", {"model_path": p})
         for p in paths

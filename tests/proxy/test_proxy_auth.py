@@ -21,7 +21,7 @@ from dressage.proxy.server import main as proxy_main
 from dressage.proxy.testing import ScriptedEngine
 from dressage.proxy.tito import TITOTokenizer
 from tests.auth_cases import accepted, call, refused
-from tests.helpers import ENGINE_KEY, bearer
+from tests.helpers import ENGINE_KEY, bearer, report_auth
 from tests.proxy.conftest import Script, running_proxy, scripted_proxy
 
 ADMIN, API = "proxy-admin-key-0123", "proxy-api-key-0123"
@@ -82,6 +82,8 @@ def test_admin_routes_need_the_admin_key(proxy: tuple[str, ScriptedEngine]) -> N
             got = call(url, method, path.format(s="victim", d="victim"), header, body)
             if not _denied(got):
                 wrong.append((name, method, path, got))
+    attempts = len(refused(ADMIN, API)) * len(ADMIN_ROUTES)
+    report_auth("proxy admin routes", attempts, attempts - len(wrong))
     assert not wrong, f"answered without the admin key: {wrong}"
     seen = call(url, "GET", "/v1/sessions/victim/trajectory", f"Bearer {ADMIN}")[1]
     assert seen["status"] == "open" and len(seen["steps"]) == 1  # not finalized, not discarded
@@ -107,6 +109,8 @@ def test_chat_routes_take_the_api_key_or_the_admin_key(proxy: tuple[str, Scripte
             got = call(url, method, path.format(s="chat-refused"), header, body)
             if not _denied(got):
                 wrong.append((name, path, got))
+    attempts = len(refused(API, None)) * len(CHAT_ROUTES)
+    report_auth("proxy chat routes", attempts, attempts - len(wrong))
     for key in (API, ADMIN):
         for name, header in accepted(key).items():
             for method, path, body in CHAT_ROUTES:

@@ -1,0 +1,90 @@
+"""scripts/chaos.py, the chaos run behind issue 15's closing figures: its smoke run (``--quick``)
+ends with a JSON summary in which every part held, and the knobs it turns in the test suite
+(``DRESSAGE_FUZZ_SCALE``, ``AUTH_REPORT``) do what they say."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, fuzz_examples, fuzz_floor, fuzz_scale, report_auth
+
+SCRIPT = REPO / "scripts" / "chaos.py"
+
+
+def _run(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, env=env,
+        cwd=REPO, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.mark.integration
+def test_the_quick_run_holds_in_every_part() -> None:
+    done = _run("--quick", timeout=300)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, (summary.get("ok"), done.stderr[-3000:])
+    assert summary["ok"] == dict.fromkeys(
+        ["kills", "damage", "soak", "engine_death", "fuzz", "suites"], True
+    )
+    kills = summary["kills"]
+    assert kills["answered"] > 0 and kills["lost"] == kills["duplicated"] == 0
+    assert kills["segment_starts"].get("proxy_restarted", 0) > 0  # the sessions went on
+    damage = summary["damage"]
+    assert damage["damaged_session"]["marked_segments"] == [0]
+    assert damage["exports_200"] == damage["exports"] > 0
+    death = summary["engine_death"]
+    assert death["ready_503"]["body"]["status"] == "not_ready"
+    assert death["hung"] == 0 and death["retries"] == {"answered": death["calls"]}
+    assert summary["fuzz"]["cases"] > 0 and summary["fuzz"]["5xx"] == 0
+    suites = summary["suites"]
+    assert suites["bad_credential_attempts"] == suites["bad_credentials_refused"] > 0
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--parts", "damage"], "damage works on the store that kills leaves"),
+        (["--parts", "kills,nothing"], "unknown ['nothing']"),
+        (["--soak-seconds", "0"], "--soak-seconds must be positive, got 0.0"),
+    ],
+)
+def test_arguments_that_cannot_run_are_refused(argv: list[str], needle: str) -> None:
+    done = _run(*argv, timeout=60)
+    assert done.returncode == 2 and needle in done.stderr, done.stderr
+
+
+@pytest.mark.unit
+def test_the_fuzz_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DRESSAGE_FUZZ_SCALE", raising=False)
+    assert (fuzz_scale(), fuzz_examples(225), fuzz_floor(1000)) == (1.0, 225, 1000)
+    monkeypatch.setenv("DRESSAGE_FUZZ_SCALE", "10")
+    assert (fuzz_examples(225), fuzz_floor(1000)) == (2250, 1000)  # CI's floor stays
+    monkeypatch.setenv("DRESSAGE_FUZZ_SCALE", "0.05")
+    assert (fuzz_examples(225), fuzz_examples(5), fuzz_floor(1000)) == (11, 1, 50)
+    for bad in ("0", "-1", "nan", "inf", "ten", ""):
+        monkeypatch.setenv("DRESSAGE_FUZZ_SCALE", bad)
+        with pytest.raises(
+            ValueError, match=f"DRESSAGE_FUZZ_SCALE must be a positive number, got {bad!r}"
+        ):
+            fuzz_scale()
+
+
+@pytest.mark.unit
+def test_auth_figures_go_to_the_named_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AUTH_REPORT", raising=False)
+    report_auth("nowhere", 3, 3)  # no variable: nothing written, nothing raised
+    monkeypatch.setenv("AUTH_REPORT", str(tmp_path / "auth.json"))
+    report_auth("proxy admin routes", 108, 108)
+    report_auth("engine control routes (both keys)", 120, 119)
+    assert json.loads((tmp_path / "auth.json").read_text()) == {
+        "proxy admin routes": {"attempts": 108, "refused": 108},
+        "engine control routes (both keys)": {"attempts": 120, "refused": 119},
+    }
