@@ -183,7 +183,7 @@ def run(args: argparse.Namespace, workdir: Path, figures: dict[str, Any]) -> Non
             tests.start()
         if {"kills", "damage", "soak", "engine_death"} & set(parts):
             services_parts(args, workdir, figures)
-        if not args.quick:
+        if not args.quick and tests.files:
             print("parts 5 and 6: the fuzz tests, the auth matrices, the bad-input tests")
             tests.start()
         figures.update(tests.result())

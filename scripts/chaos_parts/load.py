@@ -48,20 +48,22 @@ async def _soak(url: str, sessions: int, seconds: float, think: tuple[float, flo
         nonlocal calls
         rng = random.Random(i)
         messages: list[dict[str, Any]] = [{"role": "user", "content": f"Hello, agent {i}."}]
+        pause = rng.uniform(0, think[1])  # the agents start staggered
         async with _client(url, f"soak-{i:03d}") as client:
-            await asyncio.sleep(rng.uniform(0, think[1]))  # the agents start staggered
-            while loop.time() < deadline:
+            while loop.time() + pause < deadline:  # no call starts after the deadline
+                await asyncio.sleep(pause)
+                pause = rng.uniform(*think)
                 started = loop.time()
                 calls += 1
                 try:
-                    answer = await client.chat.completions.create(**_options(messages, 8))
+                    # two tokens: the soak is about connections, not generation
+                    answer = await client.chat.completions.create(**_options(messages, 2))
                 except ERRORS as exc:
                     errors[error_kind(exc)] += 1
                 else:
                     latencies.append(loop.time() - started)
                     messages.append(answer.choices[0].message.model_dump(exclude_none=True))
                     messages.append({"role": "user", "content": f"And then ({len(messages)})?"})
-                await asyncio.sleep(rng.uniform(*think))
 
     started = loop.time()
     await asyncio.gather(*(agent(i) for i in range(sessions)))
