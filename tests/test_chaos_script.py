@@ -37,7 +37,7 @@ def test_the_quick_run_holds_in_every_part() -> None:
     assert kills["answered"] > 0 and kills["lost"] == kills["duplicated"] == 0
     assert kills["segment_starts"].get("proxy_restarted", 0) > 0  # the sessions went on
     damage = summary["damage"]
-    assert damage["damaged_session"]["marked_segments"] == [0]
+    assert damage["damaged_session"]["marked_segments"] == [damage["flipped"]["segment_index"]]
     assert damage["exports_200"] == damage["exports"] > 0
     death = summary["engine_death"]
     assert death["ready_503"]["body"]["status"] == "not_ready"

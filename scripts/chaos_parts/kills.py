@@ -8,10 +8,11 @@ answered. After each restart every answered id must be among the stored steps ex
 and every session must be answered again (it goes on after the restart). A failed call is made
 again with the same messages, as an agent retrying would.
 
-Part 2: a copy of part 1's store gets one flipped byte (a digit of an output id in the middle
-of a session's first segment) and a torn tail (the last record cut in half); a proxy started on
-the copy must report both, answer 200 on every session's trajectory and finalize, and give
-every other session the segments it had.
+Part 2: a copy of part 1's store gets one flipped byte (a digit of an output id of a step in
+the middle of a segment: the first such step, in session order) and a torn tail (the last
+record cut in half, as a crash mid-write leaves it); a proxy started on the copy must report
+both, answer 200 on every session's trajectory and finalize, charge the flipped step to its
+own session only, and give every other session the segments it had.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import openai
 
 from dressage.proxy.store import LOG_NAME
 
-from .services import Service, Services, free_port
+from .services import Service, Services
 
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
@@ -214,25 +215,51 @@ def _finalize(services: Services, url: str, session: str) -> Any:
     return response.json()["segments"] if response.status_code == 200 else None
 
 
-def damage_copy(
-    services: Services, engine_url: str, store: Path, before: dict[str, Any], workdir: Path
-) -> tuple[dict[str, Any], Service]:
-    """Part 2: flip one byte and tear the tail in a copy of ``store``; a proxy on the copy
-    (returned running: the damage is behind it, it serves on)."""
-    copy = workdir / "store-damaged"
+def _middle_step(log: bytes) -> tuple[str, int, int, int]:
+    """(session, step index, segment index, byte offset) of the first step record, in session
+    order, with a step of its segment before it and one after it."""
+    steps: dict[str, list[tuple[int, int, int]]] = {}
+    offset = 0
+    for line in log.splitlines(keepends=True):
+        record = json.loads(line[9:])
+        if record["t"] == "step":
+            steps.setdefault(record["session_id"], []).append(
+                (record["step_index"], record["segment_index"], offset)
+            )
+        offset += len(line)
+    for session, records in sorted(steps.items()):
+        triples = zip(records, records[1:], records[2:], strict=False)
+        for before, (index, segment, at), after in triples:
+            if before[1] == segment == after[1]:
+                return session, index, segment, at
+    raise RuntimeError("no session has a segment of three steps to damage in the middle")
+
+
+def damage_copy(store: Path, copy: Path) -> dict[str, Any]:
+    """Part 2, first half: flip one byte and tear the tail in a copy of ``store``; says where."""
     shutil.copytree(store, copy)
     log = copy / LOG_NAME
     data = bytearray(log.read_bytes())
-    victim = sorted(before)[0]
-    start = data.index(b'"session_id":"%s","step_index":1,' % victim.encode())
+    victim, step, segment, start = _middle_step(bytes(data))
     offset = data.index(b'"output_ids":[', start) + len(b'"output_ids":[') + 1
     data[offset] ^= 0x01  # a digit stays a digit: valid JSON, a wrong token id, a bad checksum
     last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
     torn = json.loads(last[9:])
     cut = len(last) // 2 + 1
     log.write_bytes(bytes(data[:-cut]))
+    return {
+        "flipped": {"session": victim, "step_index": step, "segment_index": segment,
+                    "byte": offset},
+        "torn": {"record": torn.get("t"), "session": torn.get("session_id"), "bytes_cut": cut},
+    }  # fmt: skip
 
-    proxy = services.proxy(engine_url, copy, free_port(), "proxy-damaged")
+
+def check_damaged(
+    services: Services, proxy: Service, damage: dict[str, Any], before: dict[str, Any]
+) -> dict[str, Any]:
+    """Part 2, second half: ``proxy`` (launched on the damaged copy) starts, reports the damage,
+    exports every session with 200, and every session but the flipped one as ``before``."""
+    victim, step = damage["flipped"]["session"], damage["flipped"]["step_index"]
     start_s = proxy.wait_ready()
     stats = services.admin(proxy.url, "GET", "/v1/stats").json()["store"]
     statuses: Counter[int] = Counter()
@@ -253,10 +280,9 @@ def damage_copy(
             others += 1
             intact += after == segments
     warnings = [line for line in proxy.log_text().splitlines() if "dressage.proxy.store" in line]
-    torn_named = f"session {torn.get('session_id')}"
+    torn_named = f"session {damage['torn']['session']}"
     return {
-        "flipped": {"session": victim, "step_index": 1, "byte": offset},
-        "torn": {"record": torn.get("t"), "session": torn.get("session_id"), "bytes_cut": cut},
+        **damage,
         "proxy_started": True,
         "proxy_start_s": round(start_s, 2),
         "store_report": {
@@ -267,9 +293,9 @@ def damage_copy(
         "exports_200": statuses[200],
         "torn_reported": stats["torn_tail_bytes"] > 0
         or any(torn_named in w and "last record" in w for w in warnings),
-        "flipped_charged": bool(own and any(d["step_index"] == 1 for d in own["damage"] or [])),
+        "flipped_charged": bool(own and any(d["step_index"] == step for d in own["damage"] or [])),
         "other_sessions": others,
         "other_sessions_intact": intact,
         "damaged_session": own,
         "warnings": [w.split("dressage.proxy.store ", 1)[-1][:400] for w in warnings],
-    }, proxy
+    }
