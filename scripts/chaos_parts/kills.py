@@ -68,7 +68,7 @@ class Agent:
         self.calls = 0
         self.refused = 0  # connections refused: the proxy was down, no call was made
         self.answered: list[str] = []
-        self.last_answer = 0.0
+        self.answered_at: list[float] = []
         self.errors: Counter[str] = Counter()
         self.busy = False
         self.rng = random.Random(session)
@@ -90,7 +90,7 @@ class Agent:
             finally:
                 self.busy = False
             self.answered.append(completion_id)
-            self.last_answer = time.monotonic()
+            self.answered_at.append(time.monotonic())
             self.messages += [message, {"role": "user", "content": f"Go on ({self.calls})."}]
         self.client.close()
 
@@ -142,15 +142,21 @@ def check_store(services: Services, url: str, agents: list[Agent]) -> dict[str, 
     }
 
 
-def _wait_all_answered_since(agents: list[Agent], since: float, least_s: float) -> int:
-    """Until every agent was answered after ``since`` (and ``least_s`` passed); bounded."""
+def _wait_all_answered_since(
+    agents: list[Agent], since: float, least_s: float, *, times: int = 1
+) -> int:
+    """Until every agent was answered ``times`` times after ``since`` (and ``least_s``
+    passed); bounded. Returns how many agents were answered at least once since."""
+
+    def answered(agent: Agent) -> int:
+        return sum(at > since for at in agent.answered_at[-times:])
+
     deadline = since + least_s + 90
     while time.monotonic() < deadline:
-        fresh = sum(agent.last_answer > since for agent in agents)
-        if fresh == len(agents) and time.monotonic() >= since + least_s:
-            return fresh
+        if time.monotonic() >= since + least_s and all(answered(a) == times for a in agents):
+            break
         time.sleep(0.05)
-    return sum(agent.last_answer > since for agent in agents)
+    return sum(answered(agent) > 0 for agent in agents)
 
 
 def kill_rounds(
@@ -181,7 +187,8 @@ def kill_rounds(
                     **check,
                 }
             )
-        continued = _wait_all_answered_since(agents, since, round_s)
+        # three answers each: every session ends with a segment that has a middle (part 2)
+        continued = _wait_all_answered_since(agents, since, round_s, times=3)
     finally:
         stop.set()
         for thread in threads:
