@@ -250,7 +250,8 @@ test("a person signs in, triggers dressage_mopd and reads what the run tells", a
     const runPage = `${base}/dags/${DAG}/runs/${encodeURIComponent(runId)}`;
     await page.goto(runPage);
     await page.getByText("MOPD, 1 step(s), 2 teacher(s)").first().waitFor();
-    await page.getByText(/held-out reverse KL \d\.\d+ → \d\.\d+/).first().waitFor();
+    // the headline: held-out accuracy per task, measured through the agent loop
+    await page.getByText(/held-out accuracy calculator \d+% → \d+%, lookup \d+% → \d+%/).first().waitFor();
     await shot("08-run-page-note-headline");
     await page.getByRole("button", { name: "Edit note" }).click();
     const note = page.getByRole("dialog");
@@ -284,6 +285,7 @@ test("a person signs in, triggers dressage_mopd and reads what the run tells", a
     await page.getByText("run summary").first().waitFor({ timeout: 60000 });
     await page.keyboard.press("f"); // the log viewer's fullscreen
     await page.getByText("held-out reverse KL (before -> after)").first().waitFor();
+    await page.getByText("teacher accuracy  held-out accuracy (before -> after)").first().waitFor();
     await shot("12-train-log-summary");
   });
 });
