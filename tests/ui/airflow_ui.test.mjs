@@ -255,7 +255,7 @@ test("a person signs in, triggers dressage_mopd and reads what the run tells", a
     await shot("08-run-page-note-headline");
     await page.getByRole("button", { name: "Edit note" }).click();
     const note = page.getByRole("dialog");
-    await note.getByRole("cell", { name: "calculator" }).waitFor();
+    await note.getByRole("cell", { name: "calculator" }).first().waitFor(); // teacher and task tables
     const image = note.getByRole("img", { name: "curves" });
     await image.waitFor();
     await until("the curves image loaded", 30, () => image.evaluate((img) => img.naturalWidth > 0));
