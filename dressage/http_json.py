@@ -1,6 +1,7 @@
 """JSON request bodies as the proxy and the engine read them: parsed, and checked for what
 Python's ``json`` lets through but the rest of the request path cannot carry.
 
+    raw = await read_limited_body(request, limit)   # or BodyTooLarge: 413 for the caller
     value = parse_json_body(raw)          # or JSONBodyError, naming the place: 400 for the caller
 
 ``json.loads`` accepts two things that fail much later, as a 500 far from the input:
@@ -21,14 +22,47 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["MAX_DEPTH", "JSONBodyError", "find_lone_surrogate", "parse_json_body"]
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+__all__ = [
+    "MAX_DEPTH",
+    "BodyTooLarge",
+    "JSONBodyError",
+    "find_lone_surrogate",
+    "parse_json_body",
+    "read_limited_body",
+]
 
 MAX_DEPTH = 64
 """Deepest nesting of arrays and objects a body may have (a tool's JSON schema needs ~10)."""
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class BodyTooLarge(ValueError):
+    """The body is over ``limit`` bytes; ``declared`` is its Content-Length when that told."""
+
+    def __init__(self, limit: int, declared: int | None) -> None:
+        super().__init__(f"request body over {limit} bytes")
+        self.limit, self.declared = limit, declared
+
+
+async def read_limited_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused as soon as it is known to exceed ``limit`` bytes: from its
+    Content-Length before reading, else while streaming (never buffered past the limit)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit, int(declared))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit, None)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class JSONBodyError(ValueError):

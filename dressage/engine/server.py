@@ -46,7 +46,7 @@ from dressage.engine.protocol import (
 from dressage.engine.request import Request as EngineRequest
 from dressage.engine.scheduler import DuplicateRequestError, EngineStoppedError
 from dressage.engine.service import EngineService, WeightUpdateError
-from dressage.http_json import JSONBodyError, parse_json_body
+from dressage.http_json import BodyTooLarge, JSONBodyError, parse_json_body, read_limited_body
 
 VERSION = "dressage-engine-0.1"
 DATA_ROUTES = frozenset({
@@ -67,21 +67,13 @@ def _message_error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
-class _BodyTooLarge(Exception):
-    pass
+def _too_large(exc: BodyTooLarge) -> str:
+    size = "" if exc.declared is None else f" of {exc.declared} bytes"
+    return f"request body{size} exceeds the limit of {exc.limit} bytes"
 
 
 async def _read_json(request: Request, limit: int, *, empty_ok: bool = False) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    raw = await read_limited_body(request, limit)
     if not raw.strip() and empty_ok:
         return {}
     try:  # also refuses nesting past 64 levels and lone surrogates (both were 500s)
@@ -183,8 +175,8 @@ def _add_generate(app: FastAPI, service: EngineService, limit: int) -> None:
             body = parse_body(await _read_json(request, limit))
             reqs = build_requests(body, service.tokenizer, service.request_limits)
             batch = is_batch(body)
-        except _BodyTooLarge as exc:
-            return _message_error(str(exc), 413)
+        except BodyTooLarge as exc:
+            return _message_error(_too_large(exc), 413)
         except BodyError as exc:
             return _object_error(str(exc))
         except ContractError as exc:
@@ -284,8 +276,8 @@ def _add_control(app: FastAPI, service: EngineService, limit: int) -> None:
     ) -> Response:
         try:
             body = await parse(request, model)
-        except _BodyTooLarge as exc:
-            return _message_error(str(exc), 413)
+        except BodyTooLarge as exc:
+            return _message_error(_too_large(exc), 413)
         except BodyError as exc:
             return _object_error(str(exc))
         return await run(body)

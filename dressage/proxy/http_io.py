@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from dressage.http_json import JSONBodyError, parse_json_body
+from dressage.http_json import BodyTooLarge, JSONBodyError, parse_json_body, read_limited_body
 from dressage.proxy.engine_client import EngineError, EngineUnavailableError
 from dressage.proxy.errors import BadRequest, EngineFailure, ProxyError, RequestTooLarge
 from dressage.proxy.openai_api import dumps
@@ -53,16 +53,12 @@ def _parse(raw: bytes) -> Any:
 
 async def read_json(request: Request, limit: int) -> Any:
     """The JSON body, read at most ``limit`` bytes far (413 beyond)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(f"the request body ({declared} bytes) exceeds {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLarge(f"the request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return _parse(b"".join(chunks))
+    try:
+        raw = await read_limited_body(request, limit)
+    except BodyTooLarge as exc:
+        size = "" if exc.declared is None else f" ({exc.declared} bytes)"
+        raise RequestTooLarge(f"the request body{size} exceeds {limit} bytes") from None
+    return _parse(raw)
 
 
 async def read_optional_json(request: Request, limit: int) -> Any:

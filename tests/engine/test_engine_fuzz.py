@@ -21,16 +21,16 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.python import asgi
 
+from tests.fuzzing import fuzz_operation
 from tests.helpers import fuzz_examples, fuzz_floor, report_fuzz
 
 pytestmark = pytest.mark.integration
 
 ADMIN = "fuzz-admin-key"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
 SKIPPED = {"/pause_generation", "/update_weights_from_disk"}
 GENERATE_EXAMPLES = 250  # per method (POST, PUT) and generation mode
 OTHER_EXAMPLES = 25
@@ -57,9 +57,7 @@ def app(tiny_model_path: Path) -> Iterator[Any]:
 
 def test_no_fuzzed_request_gets_a_5xx(app: Any) -> None:
     # the document is not a data route, so it wants the control key like any other path
-    schema = schemathesis.openapi.from_asgi(
-        "/openapi.json", app, headers={"Authorization": f"Bearer {ADMIN}"}
-    )
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=AUTH)
     operations = [r.ok() for r in schema.get_all_operations()]
     operations = [op for op in operations if op.path not in SKIPPED]
     assert "/generate" in {op.path for op in operations}
@@ -71,44 +69,15 @@ def test_no_fuzzed_request_gets_a_5xx(app: Any) -> None:
             GENERATE_EXAMPLES if operation.path == "/generate" else OTHER_EXAMPLES
         )
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            _fuzz(operation, mode, examples, statuses, failures)
+            fuzz_operation(
+                operation,
+                mode,
+                examples,
+                statuses,
+                failures,
+                headers=AUTH,
+            )
     report_fuzz("engine", statuses, time.perf_counter() - started)
     assert not failures, "\n".join(failures[:10])
     assert sum(statuses.values()) >= fuzz_floor(1000), statuses
     assert statuses[200] >= fuzz_floor(20), statuses  # it reached the model, not only the checks
-
-
-def _fuzz(
-    operation: Any,
-    mode: GenerationMode,
-    examples: int,
-    statuses: Counter[int],
-    failures: list[str],
-) -> None:
-    @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    def one(case: Any) -> None:
-        try:
-            response = case.call(headers={"Authorization": f"Bearer {ADMIN}"})
-        except Exception as exc:  # the in-process client re-raises what the app let escape
-            statuses[500] += 1
-            failures.append(f"{case.method} {case.formatted_path} {mode.value}: {exc!r}")
-            return
-        statuses[response.status_code] += 1
-        if response.status_code >= 500:
-            failures.append(
-                f"{case.method} {case.formatted_path} {mode.value} -> {response.status_code}: "
-                f"{response.text[:300]} (body {str(case.body)[:300]})"
-            )
-
-    try:
-        one()
-    except Unsatisfiable:
-        if mode is GenerationMode.POSITIVE:
-            raise  # an operation without parameters has no invalid request to draw

@@ -20,8 +20,6 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.python import asgi
 
@@ -29,6 +27,7 @@ from dressage.proxy.config import ProxyConfig
 from dressage.proxy.server import create_app
 from dressage.proxy.testing import EngineReply, ScriptedEngine
 from dressage.proxy.tito import TITOTokenizer
+from tests.fuzzing import fuzz_operation
 from tests.helpers import fuzz_examples, fuzz_floor, report_fuzz
 from tests.proxy.conftest import TOOL_CALL
 
@@ -74,7 +73,7 @@ def test_no_fuzzed_request_gets_a_5xx(app: Any) -> None:
         chat = "chat/completions" in name
         # a path's session id has no invalid form for the fuzzer: negative cases only for bodies
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)[: 2 if chat else 1]:
-            _fuzz(operation, mode, examples, statuses, failures)
+            fuzz_operation(operation, mode, examples, statuses, failures, after=_resume)
     report_fuzz("proxy", statuses, time.perf_counter() - started)
     assert not failures, "\n".join(failures[:10])
     assert sum(statuses.values()) >= fuzz_floor(1000), statuses
@@ -85,41 +84,9 @@ def _operations(schema: Any) -> list[Any]:
     return [result.ok() for result in schema.get_all_operations()]
 
 
-def _fuzz(
-    operation: Any,
-    mode: GenerationMode,
-    examples: int,
-    statuses: Counter[int],
-    failures: list[str],
-) -> None:
-    @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    def one(case: Any) -> None:
-        try:
-            response = case.call()
-        except Exception as exc:  # the in-process client re-raises what the app let escape
-            statuses[500] += 1
-            failures.append(f"{case.method} {case.formatted_path} {mode.value}: {exc!r}")
-            return
-        statuses[response.status_code] += 1
-        if response.status_code >= 500:
-            failures.append(
-                f"{case.method} {case.formatted_path} {mode.value} -> {response.status_code}: "
-                f"{response.text[:300]} (body {str(case.body)[:300]})"
-            )
-        if operation.path == "/v1/rollout/pause" and response.status_code == 200:
-            with asgi.get_client(operation.app) as client:  # the fuzzer's own loop and client
-                resume = client.post("http://testserver/v1/rollout/resume", json={})
-            assert resume.status_code == 200, resume.text
-
-    try:
-        one()
-    except Unsatisfiable:
-        if mode is GenerationMode.POSITIVE:
-            raise  # an operation without parameters has no invalid request to draw
+def _resume(operation: Any, response: Any) -> None:
+    """A pause the fuzzer made is undone, so later calls are not held."""
+    if operation.path == "/v1/rollout/pause" and response.status_code == 200:
+        with asgi.get_client(operation.app) as client:  # the fuzzer's own loop and client
+            resume = client.post("http://testserver/v1/rollout/resume", json={})
+        assert resume.status_code == 200, resume.text
