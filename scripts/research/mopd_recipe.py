@@ -401,6 +401,23 @@ def accuracy(model, insts, bs=128):
     return ok / len(insts)
 
 
+def topk_reverse_kl(ls, tl, k):
+    """Reverse KL over the student's top-k tokens plus one bucket for the rest of the vocabulary.
+
+    Needs only the teacher's log-probs at the student's k ids (and their sum): what a
+    vocab-parallel trainer can gather. Exact KL of the coarsened distributions, so >= 0 and
+    <= the full reverse KL.
+    """
+    top = ls.detach().topk(k, dim=-1).indices
+    s_lp = ls.gather(-1, top)
+    t_lp = tl.gather(-1, top)
+    s_p = s_lp.exp()
+    head = (s_p * (s_lp - t_lp)).sum(-1)
+    s_rest = (1 - s_p.sum(-1)).clamp(min=1e-6)
+    t_rest = (1 - t_lp.exp().sum(-1)).clamp(min=1e-6)
+    return head + s_rest * (s_rest.log() - t_rest.log())
+
+
 def mopd(
     student,
     teachers,
@@ -415,6 +432,7 @@ def mopd(
     eval_every=10,
     inner=1,
     dense=False,
+    topk=0,
 ):
     opt = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.0)
     g = random.Random(seed)
@@ -440,7 +458,7 @@ def mopd(
         for t in train_insts:
             ks = [k for k, inst in enumerate(batch) if inst["task"] == t]
             kl[t] = float(((slp_old[ks] - T[ks]) * m[ks]).sum() / m[ks].sum())
-        if dense:
+        if dense or topk:
             tl = [None] * len(batch)
             for tid, ks in by_teacher.items():
                 ids_t, att_t = pad_batch([seqs[k] for k in ks])
@@ -457,14 +475,17 @@ def mopd(
                 ls = torch.log_softmax(
                     student(input_ids=ids_s, attention_mask=att_s).logits.float()[:, :-1], -1
                 )
-                kl_tok = (ls.exp() * (ls - TL)).sum(-1)
+                if topk:
+                    kl_tok = topk_reverse_kl(ls, TL, topk)
+                else:
+                    kl_tok = (ls.exp() * (ls - TL)).sum(-1)
                 per = (kl_tok * m).sum(1) / m.sum(1).clamp(min=1)
                 loss = per.mean()
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
                 opt.step()
-        for _ in range(0 if dense else inner):
+        for _ in range(0 if (dense or topk) else inner):
             slp, _ = token_logprobs(student, seqs, masks, grad=True)
             # token-mean per sample, mean over samples
             per = (-(adv * slp) * m).sum(1) / m.sum(1).clamp(min=1)
@@ -534,7 +555,7 @@ if __name__ == "__main__":
         hist = sft(
             tm,
             data[task],
-            cfg.get("teacher_steps", 300),
+            cfg.get("teacher_steps_" + task, cfg.get("teacher_steps", 300)),
             bs=32,
             lr=cfg.get("teacher_lr", 3e-3),
             warm=10,
@@ -583,6 +604,7 @@ if __name__ == "__main__":
             eval_every=var.get("eval_every", 10),
             inner=var.get("inner", 1),
             dense=var.get("dense", False),
+            topk=var.get("topk", 0),
         )
         print(f"  MOPD done {time.time() - t1:.1f}s final {curve[-1][1]}", flush=True)
     print(f"total {time.time() - t0:.1f}s")
