@@ -10,11 +10,12 @@ The loop (:func:`train_async`) is slime's one-step off-policy pipeline (docs/sli
 written once over a small :class:`AsyncTrainBackend`: rollout ``N + 1`` is generated while
 ``N`` trains; every ``--update-weights-interval`` rollouts (every rollout under
 ``--release-train``) the driver waits for the rollout in flight, then updates the weights. Saves
-and evals fall on slime's ``should_run_periodic_action`` steps, epoch boundaries included (a
-local copy of its semantics where slime is not installed, for the embedded backend); the last
+and evals fall on slime's ``should_run_periodic_action`` steps, epoch boundaries included
+(:func:`dressage.slime.periodic.periodic_action`: a local copy of its semantics where slime is not
+installed, for the embedded backend); the last
 save and every save under ``--release-train`` are synchronous (``force_sync``). Both
 ``update_weights`` calls (the initial push and the one in the loop) go through
-:func:`~dressage.training.rollout_pause.update_weights_with_pause`, so agents still running in
+:func:`~dressage.training.proxy_pause_client.update_weights_with_pause`, so agents still running in
 the background (the partial-async rollout's worker) are stopped at a token boundary by the proxy
 and continue with the new weights after the update, as
 ``DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE``, ``DRESSAGE_PROXY_PAUSE_REQUIRED`` and
@@ -46,26 +47,23 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 from dressage.config.mopd import unsupported_slime_options
-from dressage.rollout.slime_args import add_dressage_arguments
-from dressage.training.rollout_pause import RolloutPause, update_weights_with_pause
+from dressage.slime.args import add_dressage_arguments
+from dressage.slime.periodic import periodic_action
+from dressage.training.proxy_pause_client import RolloutPause, update_weights_with_pause
 
 __all__ = [
     "AsyncTrainBackend",
     "SlimeBackend",
     "add_rollout_pause_arguments",
     "main",
-    "periodic_action",
     "train_async",
 ]
 
 log = logging.getLogger(__name__)
-
-PeriodicAction = Callable[[int, int | None, int | None, int | None], bool]
-"""``(rollout_id, interval, num_rollout_per_epoch, num_rollout) -> run now?``"""
 
 
 class AsyncTrainBackend(Protocol):
@@ -104,36 +102,6 @@ class AsyncTrainBackend(Protocol):
     def evaluate(self, rollout_id: int) -> None: ...
 
     def dispose(self) -> None: ...
-
-
-def _should_run_periodic_action(
-    rollout_id: int,
-    interval: int | None,
-    num_rollout_per_epoch: int | None = None,
-    num_rollout: int | None = None,
-) -> bool:
-    """slime's ``should_run_periodic_action`` semantics, for when slime is not importable (the
-    embedded backend): never without an interval; always on the last rollout when
-    ``num_rollout`` is given; otherwise after every ``interval``-th rollout and at each epoch
-    end. An interval of 0 raises ZeroDivisionError, as slime's does."""
-    if interval is None:
-        return False
-    done = rollout_id + 1
-    if num_rollout is not None and done == num_rollout:
-        return True
-    epoch_end = num_rollout_per_epoch is not None and done % num_rollout_per_epoch == 0
-    return done % interval == 0 or epoch_end
-
-
-def periodic_action() -> PeriodicAction:
-    """slime's ``should_run_periodic_action`` (``slime.utils.misc``), or the local copy of its
-    semantics when slime is not installed."""
-    try:
-        from slime.utils import misc
-    except ImportError:
-        return _should_run_periodic_action
-    should_run: PeriodicAction = misc.should_run_periodic_action
-    return should_run
 
 
 def _refuse_release_train(args: Any, backend: AsyncTrainBackend) -> bool:
