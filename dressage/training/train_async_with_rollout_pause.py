@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 from dressage.config.mopd import unsupported_slime_options
-from dressage.slime.args import add_dressage_arguments
+from dressage.slime.args import add_dressage_arguments, loop_args
 from dressage.slime.periodic import periodic_action
 from dressage.training.proxy_pause_client import RolloutPause, update_weights_with_pause
 
@@ -104,24 +104,21 @@ class AsyncTrainBackend(Protocol):
     def dispose(self) -> None: ...
 
 
-def _refuse_release_train(args: Any, backend: AsyncTrainBackend) -> bool:
+def _refuse_release_train(args: Any, backend: AsyncTrainBackend) -> None:
     """``--release-train``, refused before anything runs on a backend that cannot release."""
-    release_train = bool(getattr(args, "release_train", False))
-    if release_train and not backend.releases_train:
+    if getattr(args, "release_train", False) and not backend.releases_train:
         raise ValueError(
             f"--release-train: {type(backend).__name__} cannot release its trainer between "
             "steps; drop the flag or train on the slime backend"
         )
-    return release_train
 
 
 def train_async(args: Any, backend: AsyncTrainBackend, pause: RolloutPause) -> None:
     """slime ``train_async.py``'s loop over ``backend`` (see the module docstring)."""
-    release_train = _refuse_release_train(args, backend)
+    _refuse_release_train(args, backend)
+    loop = loop_args(args)
+    release_train, start, num_rollout = loop.release_train, loop.start_rollout_id, loop.num_rollout
     periodic = periodic_action()
-    start = int(getattr(args, "start_rollout_id", 0) or 0)
-    num_rollout = int(args.num_rollout)
-    interval = int(getattr(args, "update_weights_interval", 1) or 1)
     per_epoch = backend.num_rollout_per_epoch
 
     update_weights_with_pause(pause, backend.update_weights, reason="initial weights")
@@ -138,18 +135,17 @@ def train_async(args: Any, backend: AsyncTrainBackend, pause: RolloutPause) -> N
             backend.create()
         backend.train(rollout_id, rollout_data)
 
-        save_interval = getattr(args, "save_interval", None)
-        if release_train or periodic(rollout_id, save_interval, per_epoch, num_rollout):
+        if release_train or periodic(rollout_id, loop.save_interval, per_epoch, num_rollout):
             backend.save(rollout_id, force_sync=release_train or rollout_id == num_rollout - 1)
 
-        if release_train or (rollout_id + 1) % interval == 0:
+        if release_train or (rollout_id + 1) % loop.update_weights_interval == 0:
             # Never update while the visible rollout call runs: take its result first (the
             # background agents keep going; the proxy pause catches them).
             rollout_data = backend.wait(next_rollout) if next_rollout is not None else None
             next_rollout = None
             update_weights_with_pause(pause, backend.update_weights, reason=f"rollout {rollout_id}")
 
-        if periodic(rollout_id, getattr(args, "eval_interval", None), per_epoch, None):
+        if periodic(rollout_id, loop.eval_interval, per_epoch, None):
             backend.evaluate(rollout_id)
     backend.dispose()
 
