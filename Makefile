@@ -12,15 +12,17 @@ export RAY_AUTH_MODE := disabled
 venv:
 	@bash scripts/bootstrap.sh
 
-## make test: lint (ruff), type-check (mypy on dressage/), then the whole pytest suite
+## make test: lint (ruff), type-check (mypy on dressage/), the layer rules (lint-imports), then
+## the whole pytest suite
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from teacher_rotation import SHAPES, build_model, randomize, sync  # noqa: E402
 
 from dressage.training.embedded import EmbeddedTrainer, trainer_args  # noqa: E402
-from dressage.training.teachers import TeacherBank  # noqa: E402
+from dressage.training.teacher_rotation import TeacherBank  # noqa: E402
 
 MOPD = {
     "custom_advantage_function_path": "dressage.training.mopd_loss.compute_mopd_advantages",

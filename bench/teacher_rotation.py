@@ -37,7 +37,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dressage.training.log_probs import causal_lm_response_log_probs  # noqa: E402
-from dressage.training.teachers import TeacherBank, plan_micro_batches  # noqa: E402
+from dressage.training.teacher_rotation import TeacherBank, plan_micro_batches  # noqa: E402
 
 SHAPES: dict[str, dict[str, Any]] = {
     # Qwen3-4B: 4.02B parameters, 398 tensors with tied embeddings

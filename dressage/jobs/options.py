@@ -28,7 +28,7 @@ from dressage.training.embedded import trainer_args
 
 __all__ = ["JobOptions", "job_args"]
 
-BATCH_ROLLOUT = "dressage.rollout.batch_rollout.generate_rollout"
+SYNC_ROLLOUT = "dressage.rollout.sync_rollout.generate_rollout"
 
 
 class JobOptions(BaseModel):
@@ -85,7 +85,7 @@ def job_args(
         "eval_interval": options.eval_interval,
         # rollout
         "rollout_function_path": (
-            PARTIAL_ASYNC_ROLLOUT if options.partial_rollout else BATCH_ROLLOUT
+            PARTIAL_ASYNC_ROLLOUT if options.partial_rollout else SYNC_ROLLOUT
         ),
         "rollout_batch_size": run.rollout_batch_size,
         "n_samples_per_prompt": n,

@@ -21,17 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from dressage.proxy.client import ProxyClientError, SyncProxyClient
-from dressage.rollout.sample_meta import PARENT_TRAJ_ID
 from dressage.schemas import (
     samples_to_table,
     segments_to_table,
     steps_to_table,
     train_data_to_table,
 )
+from dressage.slime.sample_meta import PARENT_TRAJ_ID
 from dressage.staging import ArtifactWriter
 from dressage.training.embedded.async_backend import RolloutBatch
 from dressage.training.embedded.evaluation import ACCURACY_PREFIX
-from dressage.training.metrics import MetricsSink
+from dressage.training.metrics_sink import MetricsSink
 from dressage.trajectory import Segment, StepRecord
 
 __all__ = ["RunOutputs", "pause_metrics"]

@@ -102,7 +102,7 @@ def run_job(run_config: Path) -> dict[str, Any]:
     from dressage.training.embedded.async_backend import EmbeddedAsyncBackend, RolloutBatch
     from dressage.training.embedded.evaluation import HeldOutAccuracy, teacher_accuracy
     from dressage.training.embedded.rollout import EmbeddedRolloutManager
-    from dressage.training.rollout_pause import RolloutPause
+    from dressage.training.proxy_pause_client import RolloutPause
     from dressage.training.train_async_with_rollout_pause import train_async
 
     run, options = _load(run_config)
@@ -204,7 +204,7 @@ def run_job(run_config: Path) -> dict[str, Any]:
 
 def _evaluated_last(args: Any, num_steps: int) -> bool:
     """Whether the driver's eval pass ran after the last step (``--eval-interval``)."""
-    from dressage.training.train_async_with_rollout_pause import periodic_action
+    from dressage.slime.periodic import periodic_action
 
     interval = getattr(args, "eval_interval", None)
     return num_steps > 0 and bool(periodic_action()(num_steps - 1, interval, None, None))

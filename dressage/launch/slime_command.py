@@ -41,7 +41,7 @@ from dressage.config.mopd import (
     validate_mopd_run,
 )
 from dressage.launch.mopd_run import ClusterLayout, MopdRunConfig
-from dressage.training.mopd_train import ROLLOUT_LOG_HOOK
+from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 
 __all__ = [
     "MopdJob",

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dressage.rollout.artifacts.samples import version_metadata
-from dressage.rollout.sample_meta import NO_GRAD_REASON
+from dressage.slime.sample_meta import NO_GRAD_REASON, version_metadata
 from dressage.trajectory import FinishReason, Segment, StepRecord
 
 __all__ = ["STORE_DAMAGE", "STORE_DAMAGED", "Damage", "KnownFrom", "build_segments"]

@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from dressage.reward.registry import register_reward
-from dressage.rollout.sample_meta import describe
+from dressage.slime.sample_meta import describe
 from dressage.types import Sample
 
 __all__ = ["final_answer", "normalize_text", "parse_number"]

@@ -20,7 +20,7 @@ import numbers
 from typing import Any
 
 from dressage.reward.registry import get_reward, load_reward_modules, reward_modules, task_name
-from dressage.rollout.sample_meta import NO_GRAD_REASON, NUM_SEGMENTS, SEGMENT_INDEX, describe
+from dressage.slime.sample_meta import NO_GRAD_REASON, NUM_SEGMENTS, SEGMENT_INDEX, describe
 from dressage.types import Sample
 
 __all__ = ["custom_rm", "is_scored"]

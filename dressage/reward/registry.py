@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from dressage.config.env import env_str
 from dressage.config.mopd import load_mopd_config
-from dressage.rollout.sample_meta import TASK, describe
+from dressage.slime.sample_meta import TASK, describe
 from dressage.types import Sample
 
 __all__ = [

@@ -28,7 +28,7 @@ its last sample in batch order. So a sample with ``parent_traj_id`` and no ``num
 plain sample (its ``parent_traj_id`` a label), never an error: dressage writes the three keys
 together, and slime's own multi-sample producers (``slime/agent/trajectory.py``, the fan-out
 rollouts) tie siblings by ``rollout_id`` and give each the trajectory's reward.
-:mod:`dressage.rollout.layout` has the whole rule.
+:mod:`dressage.slime.layout` has the whole rule.
 
 Prompt-equal weights
 --------------------
@@ -66,7 +66,7 @@ then weighs ``M_P / gbs`` instead (still split-independent).
 
 Estimators: ``grpo`` and ``reinforce_plus_plus_baseline`` get prompt-equal ``d`` by default;
 ``gspo`` and ``cispo`` only when ``--dressage-prompt-equal-estimators`` names them
-(:mod:`dressage.rollout.slime_args`; ``none`` turns it off). Every other estimator, and any not
+(:mod:`dressage.slime.args`; ``none`` turns it off). Every other estimator, and any not
 named, gets slime's default, the rollout's summed mask.
 
 Speed
@@ -74,7 +74,7 @@ Speed
 A batch is thousands of samples of thousands of tokens, millions of Python objects: whatever
 walks every token list in Python costs more than the rest of the converter together, and even
 one pass over the samples misses the cache on each. So every field is read in one pass
-(:func:`~dressage.rollout.layout.read_columns`), lengths are checked for every sample (O(1)
+(:func:`~dressage.slime.layout.read_columns`), lengths are checked for every sample (O(1)
 each), and per-token work is kept to what the denominators need. A sample written by
 :func:`~dressage.rollout.artifacts.samples.write_sample_from_segment` carries its trainable-token
 count and had its log-probs checked (``metadata["dressage_written"]``); the count is trusted while
@@ -99,15 +99,15 @@ from typing import Any
 import numpy as np
 
 from dressage.rollout.artifacts.samples import check_logprobs
-from dressage.rollout.layout import MISSING, BatchLayout, SampleColumns, build_layout, read_columns
-from dressage.rollout.sample_meta import (
+from dressage.slime.args import SlimeArgs, slime_args
+from dressage.slime.layout import MISSING, BatchLayout, SampleColumns, build_layout, read_columns
+from dressage.slime.rewards import post_process_rewards
+from dressage.slime.sample_meta import (
     TEACHER_ID,
     cached_loss_mask_sum,
     describe,
     record_loss_mask_sum,
 )
-from dressage.rollout.slime_args import SlimeArgs, slime_args
-from dressage.training.reward_post_process import post_process_rewards
 from dressage.types import Sample
 
 __all__ = ["SPOT_CHECKS", "convert_samples_to_train_data", "rollout_mask_sums"]
@@ -298,7 +298,7 @@ def _spot_check(samples: Sequence[Sample], masks: _Masks) -> None:
             raise ValueError(
                 f"{describe(sample)} field=metadata.dressage_written: records {recorded} "
                 f"trainable tokens but loss_mask sums to {actual}; code that edits a loss mask "
-                "must call dressage.rollout.sample_meta.record_written"
+                "must call dressage.slime.sample_meta.record_written"
             )
     for i in [*_spread(masks.recorded), *_spread(masks.counted)]:
         logprobs = samples[i].rollout_log_probs

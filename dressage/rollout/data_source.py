@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dressage.rollout.dataset_specs import PromptDataset, dataset_specs, read_rows
-from dressage.rollout.sample_meta import (
+from dressage.slime.sample_meta import (
     AGENT_MODE,
     DATASET,
     INSTANCE_ID,

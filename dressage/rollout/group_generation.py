@@ -27,8 +27,8 @@ import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dressage.rollout.sample_meta import describe
-from dressage.training.hooks import load_function
+from dressage.slime.hooks import load_function
+from dressage.slime.sample_meta import describe
 from dressage.types import Sample
 
 __all__ = ["GroupResult", "generate_group", "leaves", "sampling_params_from_args"]

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from dressage.rollout.artifacts.samples import write_sample_from_segment
-from dressage.rollout.layout import resolve_rollout_ids
-from dressage.rollout.sample_meta import (
+from dressage.slime.layout import resolve_rollout_ids
+from dressage.slime.sample_meta import (
     INSTANCE_ID,
     NO_GRAD_REASON,
     NUM_SEGMENTS,

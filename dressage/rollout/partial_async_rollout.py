@@ -32,7 +32,7 @@ or ``args.dressage_version_source_path``'s (a dotted zero-argument function), an
 than the newest token seen. A generate function that raises stops the worker; the next call
 re-raises it (the black-box dispatch turns agent failures into no-grad samples itself, so this
 is a broken configuration). Evaluation delegates to the plain synchronous batch rollout
-(``dressage.rollout.batch_rollout``): nothing is carried over.
+(``dressage.rollout.sync_rollout``): nothing is carried over.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from dressage.rollout.group_generation import (
     leaves,
     sampling_params_from_args,
 )
-from dressage.rollout.sample_meta import describe, record_written
-from dressage.training.hooks import load_function
+from dressage.slime.hooks import load_function
+from dressage.slime.sample_meta import describe, record_written
 from dressage.trajectory import NO_VERSION
 from dressage.types import RolloutFnEvalOutput, RolloutFnTrainOutput, Sample
 
@@ -300,7 +300,7 @@ def generate_rollout_partial_async(
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     """slime's rollout function (see the module docstring)."""
     if evaluation:
-        from dressage.rollout.batch_rollout import generate_rollout
+        from dressage.rollout.sync_rollout import generate_rollout
 
         out: RolloutFnEvalOutput = generate_rollout(args, rollout_id, data_source, evaluation=True)
         return out

@@ -75,6 +75,45 @@ def _field(**kwargs: Any) -> Any:
     return pa.Field(**kwargs)
 
 
+def _response_checks(*, mask: str, length: str) -> tuple[Any, Any, Any, Any]:
+    """The row checks a sample and a train_data row share, over their own column names.
+
+    ``length`` (the response length) bounds ``tokens`` and is the length of the ``mask`` list
+    and of both log-prob lists; the mask is binary, log-probs finite and <= 0, token ids >= 0.
+    The model assigns the four checks in its class body, under these names (pandera reads
+    them from the class, and names failures after them).
+    """
+
+    @pa.dataframe_check
+    def response_lengths_agree(cls: Any, data: PolarsData) -> pl.LazyFrame:
+        return _frame(
+            data,
+            list_len_is(mask, length)
+            & list_len_is("rollout_log_probs", length)
+            & list_len_is("teacher_log_probs", length)
+            & (pl.col(length) <= pl.col("tokens").list.len()),
+        )
+
+    @pa.check(mask)
+    def mask_is_binary(cls: Any, data: PolarsData) -> pl.LazyFrame:
+        return _frame(data, binary(data.key))
+
+    @pa.check("rollout_log_probs", "teacher_log_probs")
+    def logprobs_finite_nonpositive(cls: Any, data: PolarsData) -> pl.LazyFrame:
+        return _frame(data, finite_nonpositive(data.key))
+
+    @pa.check("tokens")
+    def token_ids_nonnegative(cls: Any, data: PolarsData) -> pl.LazyFrame:
+        return _frame(data, ids_nonnegative(data.key))
+
+    return (
+        response_lengths_agree,
+        mask_is_binary,
+        logprobs_finite_nonpositive,
+        token_ids_nonnegative,
+    )
+
+
 # -- models -------------------------------------------------------------------------------------
 
 
@@ -207,31 +246,12 @@ class SampleModel(pa.DataFrameModel):
     class Config:
         strict = True
 
-    @pa.dataframe_check
-    @classmethod
-    def response_lengths_agree(cls, data: PolarsData) -> pl.LazyFrame:
-        return _frame(
-            data,
-            list_len_is("loss_mask", "response_length")
-            & list_len_is("rollout_log_probs", "response_length")
-            & list_len_is("teacher_log_probs", "response_length")
-            & (pl.col("response_length") <= pl.col("tokens").list.len()),
-        )
-
-    @pa.check("loss_mask")
-    @classmethod
-    def mask_is_binary(cls, data: PolarsData) -> pl.LazyFrame:
-        return _frame(data, binary(data.key))
-
-    @pa.check("rollout_log_probs", "teacher_log_probs")
-    @classmethod
-    def logprobs_finite_nonpositive(cls, data: PolarsData) -> pl.LazyFrame:
-        return _frame(data, finite_nonpositive(data.key))
-
-    @pa.check("tokens")
-    @classmethod
-    def token_ids_nonnegative(cls, data: PolarsData) -> pl.LazyFrame:
-        return _frame(data, ids_nonnegative(data.key))
+    (
+        response_lengths_agree,
+        mask_is_binary,
+        logprobs_finite_nonpositive,
+        token_ids_nonnegative,
+    ) = _response_checks(mask="loss_mask", length="response_length")
 
     @pa.dataframe_check
     @classmethod
@@ -260,31 +280,12 @@ class TrainDataModel(pa.DataFrameModel):
     class Config:
         strict = True
 
-    @pa.dataframe_check
-    @classmethod
-    def response_lengths_agree(cls, data: PolarsData) -> pl.LazyFrame:
-        return _frame(
-            data,
-            list_len_is("loss_masks", "response_lengths")
-            & list_len_is("rollout_log_probs", "response_lengths")
-            & list_len_is("teacher_log_probs", "response_lengths")
-            & (pl.col("response_lengths") <= pl.col("tokens").list.len()),
-        )
-
-    @pa.check("loss_masks")
-    @classmethod
-    def mask_is_binary(cls, data: PolarsData) -> pl.LazyFrame:
-        return _frame(data, binary(data.key))
-
-    @pa.check("rollout_log_probs", "teacher_log_probs")
-    @classmethod
-    def logprobs_finite_nonpositive(cls, data: PolarsData) -> pl.LazyFrame:
-        return _frame(data, finite_nonpositive(data.key))
-
-    @pa.check("tokens")
-    @classmethod
-    def token_ids_nonnegative(cls, data: PolarsData) -> pl.LazyFrame:
-        return _frame(data, ids_nonnegative(data.key))
+    (
+        response_lengths_agree,
+        mask_is_binary,
+        logprobs_finite_nonpositive,
+        token_ids_nonnegative,
+    ) = _response_checks(mask="loss_masks", length="response_lengths")
 
     @pa.check("rewards")
     @classmethod

@@ -26,7 +26,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from dressage.training.hooks import load_function
+from dressage.slime.hooks import load_function
 from dressage.training.megatron_path import megatron_active, slime_response_log_probs
 
 __all__ = [

@@ -208,15 +208,15 @@ def combine_sums(
 def log_teacher_metrics(args: Any, rollout_id: int) -> dict[str, float]:
     """Per-teacher MOPD statistics of a step, exact over the data-parallel group.
 
-    The advantage hook deferred them on this rank (``dressage.training.log_helpers``); every rank
+    The advantage hook deferred them on this rank (``dressage.training.mopd_metrics``); every rank
     joins one ``all_gather_object`` over its data-parallel group with context parallelism (a
     collective: all ranks call this after each step; each rank of that group holds a distinct
     share of the step's tokens), and the first rank of the group on the last pipeline stage,
     tensor rank 0, writes ``rollout/mopd/...`` to ``<mopd_metrics_dir>/teachers.jsonl`` and to
     W&B when a run is active in the process. Returns what it logged (empty on the other ranks).
     """
-    from dressage.training.log_helpers import deferred_sums, means_of
     from dressage.training.megatron_path import data_parallel_group, megatron_active
+    from dressage.training.mopd_metrics import deferred_sums, means_of
 
     local = deferred_sums()
     shards: list[Mapping[str, tuple[float, float]] | None] = [local]
@@ -234,7 +234,7 @@ def log_teacher_metrics(args: Any, rollout_id: int) -> dict[str, float]:
         return {}
     from pathlib import Path
 
-    from dressage.training.metrics import MetricsSink
+    from dressage.training.metrics_sink import MetricsSink
 
     folder = Path(getattr(args, "mopd_metrics_dir", None) or ".")
     with MetricsSink(folder / "teachers.jsonl") as sink:

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dressage.training.log_helpers import deferred_store, mopd_teacher_metrics
 from dressage.training.log_probs import log_prob_function
 from dressage.training.losses import approx_kl
 from dressage.training.megatron_path import cp_local, cp_rank, cp_world_size
+from dressage.training.mopd_metrics import deferred_store, mopd_teacher_metrics
 from dressage.training.reducer import Reducer
 
 __all__ = [
@@ -113,7 +113,7 @@ def compute_mopd_advantages(args: Namespace, rollout_data: MutableMapping[str, A
     ``rollout_log_probs`` with ``--use-rollout-logprobs``), ``loss_masks``; for metrics also
     ``prompt`` (teacher ids), ``rollout_ids``, ``rollout_mask_sums``, ``raw_reward``.
     Writes ``advantages`` and ``returns`` (equal, detached float32) and the per-teacher metrics
-    as 0-d tensors under ``mopd/...`` keys (see ``dressage.training.log_helpers``).
+    as 0-d tensors under ``mopd/...`` keys (see ``dressage.training.mopd_metrics``).
     """
     _check_args(args)
     clip = _clip(args)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +43,17 @@ from dressage.config.mopd import (
     load_mopd_config,
     validate_mopd_run,
 )
-from dressage.rollout.slime_args import add_dressage_arguments
+from dressage.slime.args import add_dressage_arguments
+from dressage.slime.hooks import ROLLOUT_LOG_HOOK
+from dressage.slime.periodic import PeriodicAction, periodic_action
 
-__all__ = ["MOPD_FLAG_DEFAULTS", "add_mopd_arguments", "main", "preflight", "with_mopd_defaults"]
-
-ROLLOUT_LOG_HOOK = "dressage.training.metrics.log_rollout_metrics"
+__all__ = [
+    "MOPD_FLAG_DEFAULTS",
+    "add_mopd_arguments",
+    "check_config_and_checkpoints",
+    "main",
+    "with_mopd_defaults",
+]
 
 # (flag, value or None for a switch): appended to argv when the flag is absent.
 MOPD_FLAG_DEFAULTS: tuple[tuple[str, str | None], ...] = (
@@ -119,8 +125,9 @@ def parse_mopd_args(argv: Sequence[str] | None = None) -> Any:
     return args
 
 
-def preflight(args: Any) -> None:
-    """Fail before any actor exists: config, options, imports, environment and checkpoints."""
+def check_config_and_checkpoints(args: Any) -> None:
+    """Fail before any actor exists: the MOPD config against the parsed options (hooks import,
+    environment set), and the student and teacher checkpoints the config and ``args`` name."""
     from dressage.training.checkpoints import validate_mopd_checkpoints
 
     config = load_mopd_config(args.mopd_config)
@@ -141,7 +148,7 @@ class _Run:
     args: Any
     ray: Any
     num_rollout_per_epoch: int | None
-    periodic: Callable[..., bool]
+    periodic: PeriodicAction
     """slime's ``should_run_periodic_action``."""
 
     @property
@@ -204,7 +211,7 @@ def _step(run: _Run, rollout_manager: Any, actor_model: Any, rollout_id: int) ->
 def train(args: Any) -> None:
     """slime ``train.py``'s loop (docs/slime.md §6.1) with ``actor_cls`` set; see the module
     docstring for where it differs."""
-    if args.use_critic:  # before any actor exists (the preflight refuses ppo too)
+    if args.use_critic:  # before any actor exists (check_config_and_checkpoints refuses ppo too)
         raise ValueError("--use-critic: MOPD trains no critic (its advantage is the teacher's)")
     import ray
     from slime.observability import logging_utils
@@ -214,9 +221,8 @@ def train(args: Any) -> None:
         create_rollout_manager,
         create_training_models,
     )
-    from slime.utils import misc
 
-    from dressage.training.metrics import MetricsSink
+    from dressage.training.metrics_sink import MetricsSink
     from dressage.training.mopd_actor import make_mopd_actor_cls
 
     logging_utils.configure_logger()
@@ -228,7 +234,7 @@ def train(args: Any) -> None:
     )
     if critic_model is not None:  # refused above; a critic here means slime changed
         raise RuntimeError("MOPD trains no critic, but slime created one")
-    run = _Run(args, ray, num_rollout_per_epoch, misc.should_run_periodic_action)
+    run = _Run(args, ray, num_rollout_per_epoch, periodic_action())
 
     _update_weights(run, rollout_manager, actor_model, initial=True)
     if args.num_rollout == 0 and args.eval_interval is not None:  # slime's eval-only run
@@ -246,7 +252,7 @@ def train(args: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_mopd_args(argv)
     try:
-        preflight(args)
+        check_config_and_checkpoints(args)
     except MopdConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

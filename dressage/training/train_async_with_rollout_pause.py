@@ -10,11 +10,12 @@ The loop (:func:`train_async`) is slime's one-step off-policy pipeline (docs/sli
 written once over a small :class:`AsyncTrainBackend`: rollout ``N + 1`` is generated while
 ``N`` trains; every ``--update-weights-interval`` rollouts (every rollout under
 ``--release-train``) the driver waits for the rollout in flight, then updates the weights. Saves
-and evals fall on slime's ``should_run_periodic_action`` steps, epoch boundaries included (a
-local copy of its semantics where slime is not installed, for the embedded backend); the last
+and evals fall on slime's ``should_run_periodic_action`` steps, epoch boundaries included
+(:func:`dressage.slime.periodic.periodic_action`: a local copy of its semantics where slime is not
+installed, for the embedded backend); the last
 save and every save under ``--release-train`` are synchronous (``force_sync``). Both
 ``update_weights`` calls (the initial push and the one in the loop) go through
-:func:`~dressage.training.rollout_pause.update_weights_with_pause`, so agents still running in
+:func:`~dressage.training.proxy_pause_client.update_weights_with_pause`, so agents still running in
 the background (the partial-async rollout's worker) are stopped at a token boundary by the proxy
 and continue with the new weights after the update, as
 ``DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE``, ``DRESSAGE_PROXY_PAUSE_REQUIRED`` and
@@ -46,26 +47,23 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 from dressage.config.mopd import unsupported_slime_options
-from dressage.rollout.slime_args import add_dressage_arguments
-from dressage.training.rollout_pause import RolloutPause, update_weights_with_pause
+from dressage.slime.args import add_dressage_arguments, loop_args
+from dressage.slime.periodic import periodic_action
+from dressage.training.proxy_pause_client import RolloutPause, update_weights_with_pause
 
 __all__ = [
     "AsyncTrainBackend",
     "SlimeBackend",
     "add_rollout_pause_arguments",
     "main",
-    "periodic_action",
     "train_async",
 ]
 
 log = logging.getLogger(__name__)
-
-PeriodicAction = Callable[[int, int | None, int | None, int | None], bool]
-"""``(rollout_id, interval, num_rollout_per_epoch, num_rollout) -> run now?``"""
 
 
 class AsyncTrainBackend(Protocol):
@@ -106,54 +104,21 @@ class AsyncTrainBackend(Protocol):
     def dispose(self) -> None: ...
 
 
-def _should_run_periodic_action(
-    rollout_id: int,
-    interval: int | None,
-    num_rollout_per_epoch: int | None = None,
-    num_rollout: int | None = None,
-) -> bool:
-    """slime's ``should_run_periodic_action`` semantics, for when slime is not importable (the
-    embedded backend): never without an interval; always on the last rollout when
-    ``num_rollout`` is given; otherwise after every ``interval``-th rollout and at each epoch
-    end. An interval of 0 raises ZeroDivisionError, as slime's does."""
-    if interval is None:
-        return False
-    done = rollout_id + 1
-    if num_rollout is not None and done == num_rollout:
-        return True
-    epoch_end = num_rollout_per_epoch is not None and done % num_rollout_per_epoch == 0
-    return done % interval == 0 or epoch_end
-
-
-def periodic_action() -> PeriodicAction:
-    """slime's ``should_run_periodic_action`` (``slime.utils.misc``), or the local copy of its
-    semantics when slime is not installed."""
-    try:
-        from slime.utils import misc
-    except ImportError:
-        return _should_run_periodic_action
-    should_run: PeriodicAction = misc.should_run_periodic_action
-    return should_run
-
-
-def _refuse_release_train(args: Any, backend: AsyncTrainBackend) -> bool:
+def _refuse_release_train(args: Any, backend: AsyncTrainBackend) -> None:
     """``--release-train``, refused before anything runs on a backend that cannot release."""
-    release_train = bool(getattr(args, "release_train", False))
-    if release_train and not backend.releases_train:
+    if getattr(args, "release_train", False) and not backend.releases_train:
         raise ValueError(
             f"--release-train: {type(backend).__name__} cannot release its trainer between "
             "steps; drop the flag or train on the slime backend"
         )
-    return release_train
 
 
 def train_async(args: Any, backend: AsyncTrainBackend, pause: RolloutPause) -> None:
     """slime ``train_async.py``'s loop over ``backend`` (see the module docstring)."""
-    release_train = _refuse_release_train(args, backend)
+    _refuse_release_train(args, backend)
+    loop = loop_args(args)
+    release_train, start, num_rollout = loop.release_train, loop.start_rollout_id, loop.num_rollout
     periodic = periodic_action()
-    start = int(getattr(args, "start_rollout_id", 0) or 0)
-    num_rollout = int(args.num_rollout)
-    interval = int(getattr(args, "update_weights_interval", 1) or 1)
     per_epoch = backend.num_rollout_per_epoch
 
     update_weights_with_pause(pause, backend.update_weights, reason="initial weights")
@@ -170,18 +135,17 @@ def train_async(args: Any, backend: AsyncTrainBackend, pause: RolloutPause) -> N
             backend.create()
         backend.train(rollout_id, rollout_data)
 
-        save_interval = getattr(args, "save_interval", None)
-        if release_train or periodic(rollout_id, save_interval, per_epoch, num_rollout):
+        if release_train or periodic(rollout_id, loop.save_interval, per_epoch, num_rollout):
             backend.save(rollout_id, force_sync=release_train or rollout_id == num_rollout - 1)
 
-        if release_train or (rollout_id + 1) % interval == 0:
+        if release_train or (rollout_id + 1) % loop.update_weights_interval == 0:
             # Never update while the visible rollout call runs: take its result first (the
             # background agents keep going; the proxy pause catches them).
             rollout_data = backend.wait(next_rollout) if next_rollout is not None else None
             next_rollout = None
             update_weights_with_pause(pause, backend.update_weights, reason=f"rollout {rollout_id}")
 
-        if periodic(rollout_id, getattr(args, "eval_interval", None), per_epoch, None):
+        if periodic(rollout_id, loop.eval_interval, per_epoch, None):
             backend.evaluate(rollout_id)
     backend.dispose()
 

@@ -76,7 +76,7 @@ def test_the_command_carries_every_mopd_flag(tmp_path: Path) -> None:
         "--seed": "7",
         "--rollout-seed": "9",
         "--loss-type": "custom_loss",
-        "--custom-rollout-log-function-path": "dressage.training.metrics.log_rollout_metrics",
+        "--custom-rollout-log-function-path": "dressage.training.metrics_sink.log_rollout_metrics",
         "--save": str(out / "checkpoints"),
     }
     for flag, value in expected.items():

@@ -23,8 +23,8 @@ import pytest
 from dressage.proxy.client import SyncProxyClient, Trajectory
 from dressage.proxy.store import LOG_NAME, TrajectoryStore
 from dressage.proxy.tito import TITOTokenizer
-from dressage.rollout.sample_meta import NO_GRAD_REASON
 from dressage.schemas import validate_table
+from dressage.slime.sample_meta import NO_GRAD_REASON
 from dressage.trajectory import StepRecord
 from tests.proxy.conftest import Script, scripted_proxy
 

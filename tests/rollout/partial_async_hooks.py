@@ -12,8 +12,7 @@ import asyncio
 import copy
 from typing import Any
 
-from dressage.rollout.artifacts.samples import version_metadata
-from dressage.rollout.sample_meta import record_written
+from dressage.slime.sample_meta import record_written, version_metadata
 from dressage.types import Sample
 
 VERSION = {"current": 0}

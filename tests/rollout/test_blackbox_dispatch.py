@@ -28,8 +28,8 @@ from dressage.rollout.generate.blackbox_dispatch import (
     generate,
 )
 from dressage.rollout.generate.settings import agent_sampling, dispatch_settings, parse_agent_spec
-from dressage.rollout.sample_meta import NO_GRAD_REASON, NUM_SEGMENTS, PARENT_TRAJ_ID
 from dressage.schemas import samples_to_table, validate_table
+from dressage.slime.sample_meta import NO_GRAD_REASON, NUM_SEGMENTS, PARENT_TRAJ_ID
 from dressage.types import Sample
 from tests.helpers import ENGINE_KEY, free_port
 from tests.proxy.conftest import running_proxy

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from dressage.rollout import convert_samples as convert_module
 from dressage.rollout.convert_samples import convert_samples_to_train_data
 from dressage.rollout.multi_segment import mark_aborted_no_grad
-from dressage.rollout.slime_args import add_dressage_arguments
-from dressage.rollout.slime_args import slime_args as read_args
 from dressage.schemas import train_data_to_table, validate_table
+from dressage.slime.args import add_dressage_arguments
+from dressage.slime.args import slime_args as read_args
 from dressage.types import Sample
 from tests.helpers import REPO
 from tests.rollout.factories import batch, slime_args, template, trajectory

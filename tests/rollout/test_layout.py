@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dressage.rollout.layout import MISSING, build_layout, read_columns
+from dressage.slime.layout import MISSING, build_layout, read_columns
 from dressage.training.reward_post_process import reward_post_process
 from dressage.types import Sample
 from tests.rollout.factories import slime_args, template, trajectory

@@ -9,8 +9,8 @@ from dressage.rollout.multi_segment import (
     mark_aborted_no_grad,
     multi_segment_metrics,
 )
-from dressage.rollout.sample_meta import cached_loss_mask_sum
 from dressage.schemas import samples_to_table, validate_table
+from dressage.slime.sample_meta import cached_loss_mask_sum
 from dressage.types import Sample
 from tests.rollout.factories import segment, slime_args, template
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dressage.rollout.artifacts.samples import write_sample_from_segment
-from dressage.rollout.sample_meta import cached_loss_mask_sum
 from dressage.schemas import samples_to_table, validate_table
+from dressage.slime.sample_meta import cached_loss_mask_sum
 from dressage.types import Sample
 from tests.rollout.factories import segment, slime_args
 

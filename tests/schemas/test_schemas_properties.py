@@ -206,3 +206,35 @@ def test_removed_samples_may_have_zero_denominator() -> None:
     data["loss_masks"] = [[0, 0], [1, 1]]
     data["rollout_mask_sums"] = [0.0, 2.0]
     assert validate_table("train_data", train_data_to_table(data)).ok
+
+
+SHARED_CORRUPTIONS = [
+    ("mask", [1, 2], "mask_is_binary"),
+    ("mask", [1], "response_lengths_agree"),
+    ("rollout_log_probs", [-0.1, float("nan")], "logprobs_finite_nonpositive"),
+    ("tokens", [1, -2, 3, 4], "token_ids_nonnegative"),
+]
+
+
+@pytest.mark.parametrize(("column", "row_value", "check"), SHARED_CORRUPTIONS)
+def test_samples_and_train_data_share_their_response_checks(
+    column: str, row_value: Any, check: str
+) -> None:
+    """One definition of the response checks, over each table's own column names."""
+    sample = Sample(index=0, tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1], reward=1.0)
+    sample.rollout_log_probs = [-0.1, -0.2]
+    tables = {
+        "samples": (pl.from_arrow(samples_to_table([sample] * 3)), "loss_mask"),
+        "train_data": (pl.from_arrow(train_data_to_table(_train_data(3))), "loss_masks"),
+    }
+    failed = {}
+    for kind, (df, mask) in tables.items():
+        assert isinstance(df, pl.DataFrame) and validate_table(kind, df).ok
+        bad = _set_cell(df, mask if column == "mask" else column, 1, row_value)
+        failed[kind] = {
+            (f.check, f.column, tuple(f.rows)) for f in validate_table(kind, bad).failures
+        }
+    expected_column = None if check == "response_lengths_agree" else column
+    for kind, (_, mask) in tables.items():
+        named = mask if expected_column == "mask" else expected_column
+        assert failed[kind] == {(check, named, (1,))}, kind

@@ -12,7 +12,7 @@ listed in ``DIFFERENCES`` (each with its reason); ``test_every_listed_difference
 that table honest. The async driver's proxy pause is a recording stand-in, so the comparison
 also checks that every weight update is paused and resumed.
 
-Also here: the async loop's local copy of ``should_run_periodic_action`` (used only when slime is
+Also here: the drivers' local copy of ``should_run_periodic_action`` (used only when slime is
 not importable) behaves exactly as slime's, and the embedded backend refuses ``--release-train``
 before anything runs.
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from dressage.training.rollout_pause import RolloutPause
+from dressage.training.proxy_pause_client import RolloutPause
 
 pytestmark = pytest.mark.unit
 
@@ -566,24 +566,24 @@ def test_the_local_periodic_action_is_slimes(monkeypatch: pytest.MonkeyPatch) ->
 
     from slime.utils.misc import should_run_periodic_action
 
-    from dressage.training import train_async_with_rollout_pause as driver
+    from dressage.slime import periodic
 
     def grid() -> Iterator[tuple[Any, ...]]:
         return itertools.product(
             range(14), (None, 0, 1, 2, 3, 5), (None, 1, 3, 4), (None, 1, 5, 8, 13)
         )
 
-    local = driver._should_run_periodic_action
+    local = periodic.should_run_periodic_action
     assert _outcomes(local, grid()) == _outcomes(should_run_periodic_action, grid())
     assert any(result is True for _, result in _outcomes(local, grid()))
-    assert driver.periodic_action() is should_run_periodic_action
+    assert periodic.periodic_action() is should_run_periodic_action
     monkeypatch.setitem(sys.modules, "slime.utils", None)  # slime not importable
-    assert driver.periodic_action() is local
+    assert periodic.periodic_action() is local
 
 
 def test_the_embedded_backend_refuses_release_train_before_anything_runs(tmp_path: Path) -> None:
     from dressage.training.embedded.async_backend import EmbeddedAsyncBackend
-    from dressage.training.rollout_pause import RolloutPause
+    from dressage.training.proxy_pause_client import RolloutPause
     from dressage.training.train_async_with_rollout_pause import train_async
 
     class Untouchable:

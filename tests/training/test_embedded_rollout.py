@@ -192,7 +192,7 @@ def test_rollout_function_path_and_slimes_default(tmp_path: Path) -> None:
     args = _args("http://unused", tmp_path)
     args.rollout_function_path = "slime.rollout.sglang_rollout.generate_rollout"
     manager = EmbeddedRolloutManager(args, MopdDataSource(args))
-    assert manager.rollout_fn.__module__ == "dressage.rollout.batch_rollout"
+    assert manager.rollout_fn.__module__ == "dressage.rollout.sync_rollout"
     args.rollout_function_path = "tests.rollout.dispatch_agents.nothing"
     with pytest.raises((AttributeError, ImportError), match="nothing"):
         EmbeddedRolloutManager(args, MopdDataSource(args))

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
+from dressage.slime.hooks import load_function
 from dressage.training.embedded.advantages import compute_advantages_and_returns
 from dressage.training.embedded.data import check_train_data, select
 from dressage.training.embedded.schedule import build_schedule
-from dressage.training.hooks import load_function
 from tests.training.train_data_factory import train_data
 
 pytestmark = pytest.mark.unit

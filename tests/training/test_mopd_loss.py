@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from dressage.training.log_helpers import pop_rollout_metrics
 from dressage.training.log_probs import response_log_probs
 from dressage.training.mopd_loss import compute_mopd_advantages, mopd_policy_loss
+from dressage.training.mopd_metrics import pop_rollout_metrics
 from dressage.training.reducer import get_sum_of_sample_mean
 
 pytestmark = pytest.mark.unit
@@ -209,8 +209,8 @@ def _rows(data: dict[str, Any], rows: list[int]) -> dict[str, Any]:
 def test_under_slime_teacher_metrics_are_deferred_and_combine_exactly_over_ranks(
     tmp_path: Any,
 ) -> None:
-    from dressage.training.log_helpers import deferred_sums
     from dressage.training.mopd_actor import log_teacher_metrics
+    from dressage.training.mopd_metrics import deferred_sums
 
     whole = _two_teacher_batch()
     compute_mopd_advantages(Namespace(), whole)
@@ -224,8 +224,8 @@ def test_under_slime_teacher_metrics_are_deferred_and_combine_exactly_over_ranks
         assert not any(k.startswith("mopd/") for k in data)  # slime's logging never sees them
         assert len(data["advantages"]) == len(rows)
         shards.append(deferred_sums())
-    from dressage.training.log_helpers import means_of
     from dressage.training.mopd_actor import combine_sums
+    from dressage.training.mopd_metrics import means_of
 
     combined = {f"rollout/{k}": v for k, v in means_of(combine_sums(shards)).items()}
     assert combined == pytest.approx(expected)

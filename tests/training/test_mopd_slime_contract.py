@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from dressage.config.mopd import MOPD_HOOKS
-from dressage.training.mopd_train import MOPD_FLAG_DEFAULTS, ROLLOUT_LOG_HOOK, with_mopd_defaults
+from dressage.slime.hooks import ROLLOUT_LOG_HOOK
+from dressage.training.mopd_train import MOPD_FLAG_DEFAULTS, with_mopd_defaults
 from tests.helpers import REPO
 from tests.training.slime_contract import (
     check_slime_imports,

@@ -20,7 +20,7 @@ from dressage.rollout.partial_async_rollout import generate_rollout_partial_asyn
 from dressage.training.embedded import EmbeddedTrainer, trainer_args
 from dressage.training.embedded.async_backend import EmbeddedAsyncBackend, RolloutBatch
 from dressage.training.embedded.rollout import EmbeddedRolloutManager
-from dressage.training.rollout_pause import RolloutPause
+from dressage.training.proxy_pause_client import RolloutPause
 from dressage.training.train_async_with_rollout_pause import train_async
 from tests.helpers import ENGINE_KEY
 from tests.rollout.partial_async_hooks import ListDataSource

@@ -18,7 +18,7 @@ import pytest
 
 from dressage.proxy.tito import create_tito_tokenizer
 from dressage.training import train_async_with_rollout_pause as driver
-from dressage.training.rollout_pause import (
+from dressage.training.proxy_pause_client import (
     RolloutPause,
     RolloutPauseError,
     update_weights_with_pause,
@@ -236,7 +236,7 @@ def test_pause_failures_follow_pause_required(
         update_weights_with_pause(required, lambda: updates.append(1) or 1, reason="u")
     assert updates == [], "a required pause that fails stops the update"
 
-    caplog.set_level(logging.WARNING, logger="dressage.training.rollout_pause")
+    caplog.set_level(logging.WARNING, logger="dressage.training.proxy_pause_client")
     lenient = RolloutPause(proxy_url=down, required=False)
     assert update_weights_with_pause(lenient, lambda: 7, reason="u") == 7
     assert "goes on unpaused" in caplog.text

@@ -32,12 +32,18 @@ from typing import Any
 
 import numpy as np
 
-from dressage.rollout.sample_meta import NO_GRAD_REASON, TRUNCATED, describe, record_written
-from dressage.rollout.slime_args import slime_args
-from dressage.trajectory import NO_VERSION, FinishReason, Segment
+from dressage.slime.args import slime_args
+from dressage.slime.sample_meta import (
+    NO_GRAD_REASON,
+    TRUNCATED,
+    describe,
+    record_written,
+    version_metadata,
+)
+from dressage.trajectory import FinishReason, Segment
 from dressage.types import Sample
 
-__all__ = ["check_logprobs", "version_metadata", "write_sample_from_segment"]
+__all__ = ["check_logprobs", "write_sample_from_segment"]
 
 
 def write_sample_from_segment(
@@ -136,32 +142,6 @@ def check_logprobs(logprobs: list[float], where: str) -> None:
     for i, value in enumerate(logprobs):
         if not (math.isfinite(value) and value <= 0.0):
             raise ValueError(f"{where}[{i}]={value!r}: log-probs must be finite and <= 0")
-
-
-def version_metadata(response_versions: list[int]) -> tuple[dict[str, Any], list[int]]:
-    """Version facts of a response (positions relative to the response start).
-
-    Returns the metadata entries (``version_spans`` lists ``[version, start, end)`` runs of
-    generated tokens) and the sorted distinct versions.
-    """
-    arr = np.asarray(response_versions, dtype=np.int64)
-    if arr.size == 0:
-        bounds = np.zeros(1, dtype=np.int64)
-    else:
-        bounds = np.concatenate(([0], np.flatnonzero(np.diff(arr)) + 1, [arr.size]))
-    spans = [
-        [int(arr[s]), int(s), int(e)]
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
-        if arr[s] != NO_VERSION
-    ]
-    distinct = sorted({v for v, _, _ in spans})
-    meta = {
-        "dressage_partial_rollout": len(distinct) > 1,
-        "version_spans": spans,
-        "dressage_start_token_version": spans[0][0] if spans else None,
-        "dressage_end_token_version": spans[-1][0] if spans else None,
-    }
-    return meta, distinct
 
 
 def _mask_stale(mask: list[int], response_versions: list[int], sample: Sample) -> list[int]:

@@ -57,7 +57,7 @@ from dressage.rollout.generate.settings import (
     parse_agent_spec,
 )
 from dressage.rollout.multi_segment import expand_segments_to_samples, mark_aborted_no_grad
-from dressage.rollout.sample_meta import AGENT_MODE, DATASET, TASK, describe
+from dressage.slime.sample_meta import AGENT_MODE, DATASET, TASK, describe
 from dressage.types import Sample
 
 __all__ = ["AGENT_META", "WhiteboxSampleError", "generate"]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dressage.training.hooks import load_function
+from dressage.slime.hooks import load_function
 from dressage.training.losses import approx_kl
 
 __all__ = ["compute_advantages_and_returns", "masked_whiten"]

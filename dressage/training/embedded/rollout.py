@@ -9,7 +9,7 @@
 ``generate`` does what slime's ``RolloutManager._get_rollout_data`` and converter do
 (docs/slime.md §3.1, §3.2): call the rollout function as
 ``rollout_fn(args, rollout_id, data_source, evaluation=False)`` (slime's signature; default the
-synchronous :func:`dressage.rollout.batch_rollout.generate_rollout`, or
+synchronous :func:`dressage.rollout.sync_rollout.generate_rollout`, or
 ``args.rollout_function_path``: the asynchronous drivers plug in here), check that the siblings
 of every fan-out share their ``rollout_id``, flatten, and convert with
 ``args.custom_convert_samples_to_train_data_path`` (default dressage's prompt-equal converter).
@@ -31,15 +31,15 @@ import httpx
 
 from dressage.rollout.generate.blackbox_dispatch import AGENT_META
 from dressage.rollout.multi_segment import multi_segment_metrics
-from dressage.rollout.sample_meta import (
+from dressage.slime.hooks import load_function
+from dressage.slime.sample_meta import (
     DATASET,
     NO_GRAD_REASON,
     NUM_SEGMENTS,
     SEGMENT_INDEX,
     TEACHER_ID,
 )
-from dressage.training.hooks import load_function
-from dressage.training.metrics import rollout_metrics
+from dressage.training.metrics_sink import rollout_metrics
 from dressage.types import RolloutFnTrainOutput, Sample
 
 __all__ = [
@@ -145,7 +145,7 @@ class EmbeddedRolloutManager:
         path = getattr(self.args, "rollout_function_path", None)
         if path and path != SLIME_DEFAULT_ROLLOUT:
             return load_function(path)
-        from dressage.rollout.batch_rollout import generate_rollout
+        from dressage.rollout.sync_rollout import generate_rollout
 
         return generate_rollout
 

@@ -38,16 +38,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dressage.slime.hooks import load_function
 from dressage.training.embedded.advantages import compute_advantages_and_returns
 from dressage.training.embedded.args import SLIME_TRAIN_DEFAULTS
 from dressage.training.embedded.data import check_train_data, select
 from dressage.training.embedded.schedule import Schedule, TrainStep, build_schedule
-from dressage.training.hooks import load_function
-from dressage.training.log_helpers import pop_rollout_metrics
 from dressage.training.log_probs import causal_lm_packed_logits, causal_lm_response_log_probs
 from dressage.training.losses import policy_loss, sft_loss
+from dressage.training.mopd_metrics import pop_rollout_metrics
 from dressage.training.reducer import get_sum_of_sample_mean
-from dressage.training.teachers import TeacherBank, plan_micro_batches
+from dressage.training.teacher_rotation import TeacherBank, plan_micro_batches
 
 __all__ = ["EmbeddedTrainer", "resolve_device"]
 

@@ -10,12 +10,8 @@ from typing import Any
 
 import pytest
 
-from dressage.training.metrics import (
-    MetricsSink,
-    WandbSettings,
-    log_rollout_metrics,
-    read_jsonl,
-)
+from dressage.reporting.metrics import read_metrics
+from dressage.training.metrics_sink import MetricsSink, WandbSettings, log_rollout_metrics
 from dressage.types import Sample
 
 pytestmark = pytest.mark.unit
@@ -29,12 +25,12 @@ def test_jsonl_has_one_record_per_step_and_needs_no_wandb(
     with MetricsSink(path) as sink:
         sink.log(0, {"loss": 0.5, "n": 3, "flag": True}, at=100.0)
         sink.log(1, {"loss": math.nan, "kl": math.inf})
-    records = read_jsonl(path)
+    records = read_metrics(path)
     assert records[0] == {"step": 0, "time": 100.0, "metrics": {"flag": 1, "loss": 0.5, "n": 3}}
     assert records[1]["step"] == 1 and records[1]["metrics"] == {"kl": None, "loss": None}
     with MetricsSink(path) as sink:  # appends: a resumed run keeps its history
         sink.log(2, {"loss": 0.25})
-    assert [r["step"] for r in read_jsonl(path)] == [0, 1, 2]
+    assert [r["step"] for r in read_metrics(path)] == [0, 1, 2]
 
 
 def test_enabled_wandb_without_the_package_fails_loudly(
@@ -71,7 +67,7 @@ def test_enabled_wandb_mirrors_every_step(tmp_path: Path, monkeypatch: pytest.Mo
         "config": {"lr": 1e-6},
     }
     assert calls[1:] == [("log", (4, {"loss": 1.0})), ("finish", None)]
-    assert read_jsonl(tmp_path / "m.jsonl")[0]["metrics"] == {"bad": None, "loss": 1.0}
+    assert read_metrics(tmp_path / "m.jsonl")[0]["metrics"] == {"bad": None, "loss": 1.0}
 
 
 def _sample(teacher: str, reward: float, length: int, status: str) -> Sample:
@@ -87,7 +83,7 @@ def test_rollout_log_hook_writes_beside_the_run_and_keeps_slime_logging(tmp_path
         [_sample("look", 0.0, 30, "truncated"), _sample("look", 0.5, 20, "completed")],
     ]
     assert log_rollout_metrics(7, args, groups, {"dropped": 2, "note": "x"}, 3.5) is False
-    (record,) = read_jsonl(tmp_path / "metrics" / "rollout.jsonl")
+    (record,) = read_metrics(tmp_path / "metrics" / "rollout.jsonl")
     assert record["step"] == 7
     assert record["metrics"] == {
         "rollout/n_samples": 3,

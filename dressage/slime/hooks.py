@@ -1,4 +1,4 @@
-"""Resolve dotted-path hooks the way slime's ``load_function`` does.
+"""Resolve dotted-path hooks the way slime's ``load_function`` does; dressage's own hook paths.
 
 slime splits the path on its **last dot**: ``"pkg.module.fn"`` imports ``pkg.module`` and takes
 its attribute ``fn``. ``file.py:fn`` forms are not supported there, so they are rejected here too
@@ -12,7 +12,13 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["load_function"]
+__all__ = ["ROLLOUT_LOG_HOOK", "load_function"]
+
+ROLLOUT_LOG_HOOK = "dressage.training.metrics_sink.log_rollout_metrics"
+"""slime's ``--custom-rollout-log-function-path``: the rollout side of the run's metrics log.
+
+A dotted path, never an import: the MOPD driver adds it to its own argv and the launcher's
+command builder checks for it, and neither needs the training package to know the name."""
 
 
 @functools.cache

@@ -19,12 +19,24 @@ Keys::
     truncated           the token cap cut this sample
     no_grad_reason      set by mark_aborted_no_grad: why the trajectory trains nothing
     dressage_written    facts checked when written: loss_mask_sum, response_length
+
+and the weight-version facts of a response, from :func:`version_metadata` (the sample writer
+puts them in ``metadata``; the proxy's store puts ``version_spans`` in a segment's
+``extra_info``)::
+
+    version_spans                   [version, start, end) runs of generated tokens
+    dressage_partial_rollout        the response spans more than one weight version
+    dressage_start_token_version    version of its first generated token
+    dressage_end_token_version      version of its last generated token
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from dressage.trajectory import NO_VERSION
 from dressage.types import Sample
 
 __all__ = [
@@ -45,6 +57,7 @@ __all__ = [
     "record_loss_mask_sum",
     "record_written",
     "recorded_loss_mask_sum",
+    "version_metadata",
 ]
 
 PARENT_TRAJ_ID = "parent_traj_id"
@@ -104,3 +117,29 @@ def cached_loss_mask_sum(sample: Sample) -> int | None:
     if mask is None or len(mask) != n or (logprobs is not None and len(logprobs) != n):
         return None
     return recorded_loss_mask_sum(sample.metadata, n)
+
+
+def version_metadata(response_versions: list[int]) -> tuple[dict[str, Any], list[int]]:
+    """Version facts of a response (positions relative to the response start).
+
+    Returns the metadata entries (``version_spans`` lists ``[version, start, end)`` runs of
+    generated tokens) and the sorted distinct versions.
+    """
+    arr = np.asarray(response_versions, dtype=np.int64)
+    if arr.size == 0:
+        bounds = np.zeros(1, dtype=np.int64)
+    else:
+        bounds = np.concatenate(([0], np.flatnonzero(np.diff(arr)) + 1, [arr.size]))
+    spans = [
+        [int(arr[s]), int(s), int(e)]
+        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+        if arr[s] != NO_VERSION
+    ]
+    distinct = sorted({v for v, _, _ in spans})
+    meta = {
+        "dressage_partial_rollout": len(distinct) > 1,
+        "version_spans": spans,
+        "dressage_start_token_version": spans[0][0] if spans else None,
+        "dressage_end_token_version": spans[-1][0] if spans else None,
+    }
+    return meta, distinct

@@ -25,8 +25,10 @@ __all__ = [
     "DEFAULT_PROMPT_EQUAL_ESTIMATORS",
     "GROUP_NORMALIZED_ESTIMATORS",
     "PROMPT_EQUAL_FLAG",
+    "LoopArgs",
     "SlimeArgs",
     "add_dressage_arguments",
+    "loop_args",
     "slime_args",
 ]
 
@@ -126,6 +128,30 @@ def slime_args(args: Any) -> SlimeArgs:
         ),
         rollout_top_p=float(_default(getattr(args, "rollout_top_p", None), 1.0)),
         prompt_equal_estimators=_prompt_equal_estimators(getattr(args, _PROMPT_EQUAL_ATTR, None)),
+    )
+
+
+@dataclass(frozen=True)
+class LoopArgs:
+    """The flags a training loop reads (slime's ``train_async.py``), with slime's defaults."""
+
+    num_rollout: int
+    start_rollout_id: int = 0
+    update_weights_interval: int = 1
+    save_interval: int | None = None
+    eval_interval: int | None = None
+    release_train: bool = False
+
+
+def loop_args(args: Any) -> LoopArgs:
+    """Read :class:`LoopArgs` from slime's ``args``; ``num_rollout`` is required."""
+    return LoopArgs(
+        num_rollout=int(args.num_rollout),
+        start_rollout_id=int(getattr(args, "start_rollout_id", 0) or 0),
+        update_weights_interval=int(getattr(args, "update_weights_interval", 1) or 1),
+        save_interval=getattr(args, "save_interval", None),
+        eval_interval=getattr(args, "eval_interval", None),
+        release_train=bool(getattr(args, "release_train", False)),
     )
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from dressage.rollout.sample_meta import (
+from dressage.slime.sample_meta import (
     INSTANCE_ID,
     NUM_SEGMENTS,
     PARENT_TRAJ_ID,

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from dressage.training.log_probs import causal_lm_response_log_probs
-from dressage.training.teachers import TeacherBank, plan_micro_batches
+from dressage.training.teacher_rotation import TeacherBank, plan_micro_batches
 from dressage.training.weight_streaming import InlineCopies, LayerStreamer, find_layer_list
 from tests.training.train_data_factory import load_tiny, tiny_dir
 

@@ -1,6 +1,6 @@
 """A synchronous batch rollout: generate and score one batch of prompts, slime's signature.
 
-    --rollout-function-path dressage.rollout.batch_rollout.generate_rollout
+    --rollout-function-path dressage.rollout.sync_rollout.generate_rollout
 
 ``generate_rollout(args, rollout_id, data_source, evaluation=False)`` takes
 ``args.rollout_batch_size`` groups from the data source and runs every group through
@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from dressage.rollout.group_generation import GroupResult, generate_group, sampling_params_from_args
-from dressage.rollout.sample_meta import DATASET
+from dressage.slime.sample_meta import DATASET
 from dressage.types import RolloutFnEvalOutput, RolloutFnTrainOutput, Sample
 
 __all__ = ["generate_rollout", "run_coroutine"]

@@ -1,15 +1,17 @@
 """Training metrics: always a local JSONL log beside the run's artifacts, W&B when enabled.
 
 One JSON object per line, ``{"step": int, "time": unix seconds, "metrics": {name: number}}``,
-flushed per step so a crashed run keeps every step it finished. W&B is imported only when
+flushed per step so a crashed run keeps every step it finished
+(``dressage.reporting.metrics.read_metrics`` reads it back). W&B is imported only when
 enabled, and its key is read from the environment (``WANDB_API_KEY``) by wandb itself::
 
     with MetricsSink(run_dir / "metrics" / "train.jsonl", wandb=WandbSettings("proj")) as sink:
         sink.log(step, {"loss": 0.31, "teacher/calculator/n_samples": 12})
 
-Inside slime, ``--custom-rollout-log-function-path dressage.training.metrics.log_rollout_metrics``
-adds the rollout side (rewards, lengths, per-teacher counts) to ``<--mopd-metrics-dir>``; slime
-keeps its own W&B logging (the hook returns False).
+Inside slime, the rollout log hook (``--custom-rollout-log-function-path
+dressage.training.metrics_sink.log_rollout_metrics``) adds the rollout side (rewards, lengths,
+per-teacher counts) to ``<--mopd-metrics-dir>``; slime keeps its own W&B logging (the hook
+returns False).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["MetricsSink", "WandbSettings", "log_rollout_metrics", "read_jsonl"]
+__all__ = ["MetricsSink", "WandbSettings", "log_rollout_metrics", "rollout_metrics"]
 
 
 @dataclass(frozen=True)
@@ -99,12 +101,6 @@ class MetricsSink:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every record of a metrics log, in order."""
-    with Path(path).open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def _teacher_of(sample: Any) -> str | None:
