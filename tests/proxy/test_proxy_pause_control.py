@@ -21,7 +21,7 @@ from dressage.engine.testing import serve_engine
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER, ProxyClient, ProxyClientError
 from dressage.proxy.config import ProxyConfigError, config_from_argv
 from dressage.proxy.errors import BadRequest
-from dressage.proxy.pause import parse_pause_request, parse_resume_request
+from dressage.proxy.pause_controller import parse_pause_request, parse_resume_request
 from dressage.proxy.tito import TITOTokenizer
 from dressage.rollout.multi_segment import expand_segments_to_samples
 from dressage.types import Sample
@@ -192,7 +192,7 @@ def test_a_pause_never_resumed_ends_by_itself(
     env_factory: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     env = env_factory(partial_rollout=True)
-    caplog.set_level(logging.WARNING, logger="dressage.proxy.pause")
+    caplog.set_level(logging.WARNING, logger="dressage.proxy.pause_controller")
 
     async def scenario() -> None:
         call = asyncio.create_task(env.call("timeout-1", max_tokens=120))
