@@ -44,7 +44,8 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from dressage.proxy.engine_client import EngineClient, EngineError, EngineOutput, PromptIds
+from dressage.proxy.engine_answers import EngineError, EngineOutput
+from dressage.proxy.engine_client import EngineClient, PromptIds
 
 __all__ = [
     "Generation",

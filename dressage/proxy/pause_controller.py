@@ -79,7 +79,8 @@ import httpx
 
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.config import MAX_PAUSE_TIMEOUT_S
-from dressage.proxy.engine_client import EngineClient, EngineError, parse_version
+from dressage.proxy.engine_answers import EngineError, parse_version
+from dressage.proxy.engine_client import EngineClient
 from dressage.proxy.errors import BadRequest, Conflict, EngineFailure, PauseCapExceeded
 from dressage.proxy.generation_controller import Generation
 

@@ -52,7 +52,8 @@ from dressage.proxy.chat_routes import SESSION_HEADERS, add_chat_routes
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv
 from dressage.proxy.encoding import install_encode_memo
-from dressage.proxy.engine_client import EngineClient, EngineError
+from dressage.proxy.engine_answers import EngineError
+from dressage.proxy.engine_client import EngineClient
 from dressage.proxy.errors import ProxyError, Unauthorized
 from dressage.proxy.generation_controller import GenerationController
 from dressage.proxy.http_io import as_proxy_error, json_response, read_optional_json

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.proxy.config import ProxyConfig
-from dressage.proxy.engine_client import EngineError
+from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.errors import (
     BadRequest,
     ClientClosedRequest,

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from dressage.proxy.engine_client import (
-    EngineClient,
+from dressage.proxy.engine_answers import (
     EngineRejectedError,
     EngineUnavailableError,
-    PromptIds,
-    _versions,
     parse_version,
+    read_stream,
+    token_versions,
 )
+from dressage.proxy.engine_client import EngineClient, PromptIds
 from dressage.proxy.generation_controller import Generation, GenerationController
 from dressage.proxy.testing import EngineReply, ScriptedEngine
 
@@ -105,9 +105,9 @@ def test_weight_versions() -> None:
             {"version": "3", "start": 2, "end": 5},
         ],
     }
-    assert _versions(spans, 0, 5) == [2, 2, 3, 3, 3]  # 0.5.23: one version per token span
-    assert _versions(spans, 1, 3) == [2, 3, 3]
-    assert _versions({"weight_version": "default"}, 0, 2) == [0, 0]
+    assert token_versions(spans, 0, 5) == [2, 2, 3, 3, 3]  # 0.5.23: one version per token span
+    assert token_versions(spans, 1, 3) == [2, 3, 3]
+    assert token_versions({"weight_version": "default"}, 0, 2) == [0, 0]
 
 
 async def _lines(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -134,10 +134,9 @@ def test_streams_cumulative_or_incremental_give_the_same_tokens(incremental: boo
         chunks = [_chunk([1], 1), _chunk([2, 3], 3), _chunk([4], 4, done)]
     else:
         chunks = [_chunk([1], 1), _chunk([1, 2, 3], 3), _chunk([1, 2, 3, 4], 4, done)]
-    client = EngineClient("http://unused:1")
 
     async def collect() -> list[Any]:
-        return [out async for out in client._chunks(_lines(chunks), "r")]
+        return [out async for out in read_stream(_lines(chunks), "r", "http://unused:1")]
 
     outs = _run(collect())
     assert [o.output_ids for o in outs] == [[1], [2, 3], [4]]
@@ -146,13 +145,11 @@ def test_streams_cumulative_or_incremental_give_the_same_tokens(incremental: boo
 
 
 def test_a_stream_error_event_is_an_error() -> None:
-    client = EngineClient("http://unused:1")
-
     async def lines() -> AsyncIterator[bytes]:
         yield b'data: {"error": {"message": "bad input", "code": 400}}'
 
     async def collect() -> None:
-        async for _ in client._chunks(lines(), "r"):
+        async for _ in read_stream(lines(), "r", "http://unused:1"):
             pass
 
     with pytest.raises(EngineRejectedError, match="bad input"):
