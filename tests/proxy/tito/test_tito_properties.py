@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dressage.assets import load_tokenizer
 from dressage.proxy.tito import TITOTurn, create_tito_tokenizer
-from dressage.proxy.tito.corpus import TOOLS, sdk_echo, strip_echo
+from dressage.testing.tito_corpus import TOOLS, sdk_echo, strip_echo
 from dressage.proxy.tito.replay import (
     ScriptedConversation,
     ScriptedTurn,
