@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, contextmanager
@@ -27,6 +26,7 @@ from dressage.proxy.engine_answers import (
 from dressage.proxy.engine_client import EngineClient, PromptIds
 from dressage.proxy.generation_controller import Generation, GenerationController
 from dressage.proxy.testing import EngineReply, ScriptedEngine
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -227,15 +227,9 @@ def test_a_503_then_an_answer_is_the_answer(stream: bool) -> None:
     assert len(router.seen) == 3
 
 
-def _unreachable_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens here
-
-
 @pytest.mark.parametrize("call", ["generate", "generate_stream", "model_info"])
 def test_an_unreachable_engine_is_retried_with_backoff_then_503(call: str) -> None:
-    url = _unreachable_url()
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     client = EngineClient(url, retries=3, backoff=0.02)
     if call == "model_info":  # a control call (httpx), named by its URL
         attempt: Any = _with(client, client.model_info())
