@@ -45,7 +45,7 @@ from dressage.proxy.openai_api import (
     sse_tool_call_deltas,
     usage_block,
 )
-from dressage.proxy.pause_controller import parse_partial_rollout_header
+from dressage.proxy.pause_requests import parse_partial_rollout_header
 from dressage.proxy.sessions import SessionManager, StreamDelta, StreamEnd, StreamStart
 from dressage.proxy.store import StoreError
 

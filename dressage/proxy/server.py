@@ -58,11 +58,8 @@ from dressage.proxy.errors import ProxyError, Unauthorized
 from dressage.proxy.generation_controller import GenerationController
 from dressage.proxy.http_io import as_proxy_error, json_response, read_optional_json
 from dressage.proxy.openai_schema import add_chat_to_openapi
-from dressage.proxy.pause_controller import (
-    PauseController,
-    parse_pause_request,
-    parse_resume_request,
-)
+from dressage.proxy.pause_controller import PauseController
+from dressage.proxy.pause_requests import parse_pause_request, parse_resume_request
 from dressage.proxy.serving import uvicorn_config
 from dressage.proxy.sessions import SessionManager, parse_open_request
 from dressage.proxy.store import StoreError, TrajectoryStore

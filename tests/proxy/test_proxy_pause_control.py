@@ -20,7 +20,7 @@ from openai import AsyncOpenAI
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER, ProxyClient, ProxyClientError
 from dressage.proxy.config import ProxyConfigError, config_from_argv
 from dressage.proxy.errors import BadRequest
-from dressage.proxy.pause_controller import parse_pause_request, parse_resume_request
+from dressage.proxy.pause_requests import parse_pause_request, parse_resume_request
 from dressage.proxy.tito import TITOTokenizer
 from dressage.rollout.multi_segment import expand_segments_to_samples
 from dressage.types import Sample
