@@ -25,8 +25,8 @@ from typing import Any
 
 from dressage.assets import load_tokenizer
 from dressage.proxy.tito import SegmentBoundary, TITOTokenizer, create_tito_tokenizer
-from dressage.proxy.tito.corpus import TOOLS, drop_history_reasoning, qwen35_drift_corpus
 from dressage.proxy.tito.replay import drift_turns, replay_naive, replay_tito
+from dressage.testing.tito_corpus import TOOLS, drop_history_reasoning, qwen35_drift_corpus
 
 SIZES = (10, 50, 200)
 LOG_WORDS = "INFO WARN DEBUG request served cache miss retry timeout worker shard".split()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,3 +47,12 @@ def memory_fs() -> Iterator[None]:
     MemoryFileSystem.pseudo_dirs.append("")
     yield
     MemoryFileSystem.store.clear()
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port that is taken: a server that got as far as binding it fails there."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield int(holder.getsockname()[1])

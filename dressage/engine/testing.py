@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess as sp
 import sys
 import threading
@@ -36,6 +35,7 @@ from typing import Any
 from dressage.engine.cli import READY_PREFIX
 from dressage.engine.config import ADMIN_KEY_ENV, API_KEY_ENV, EngineConfig
 from dressage.health import wait_healthy
+from dressage.serve_thread import serve_on_thread
 
 __all__ = ["serve_engine"]
 
@@ -66,22 +66,14 @@ def _serve_thread(config: EngineConfig, startup_timeout: float) -> Iterator[str]
 
     from dressage.engine.server import create_app
 
-    app = create_app(config)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="dressage-engine-http", daemon=True
-    )
-    thread.start()
-    try:
-        wait_healthy(url, startup_timeout, name="the engine", alive=thread.is_alive)
+    server = uvicorn.Config(create_app(config), log_level="warning", timeout_graceful_shutdown=5)
+    with serve_on_thread(
+        server,
+        name="the engine",
+        thread_name="dressage-engine-http",
+        startup_timeout=startup_timeout,
+    ) as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.config import ProxyConfig
-from dressage.proxy.engine_client import EngineError
+from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.errors import BadRequest, ClientClosedRequest, ProxyError
 from dressage.proxy.http_io import as_proxy_error, json_response, read_json
 from dressage.proxy.openai_api import (
@@ -45,7 +45,7 @@ from dressage.proxy.openai_api import (
     sse_tool_call_deltas,
     usage_block,
 )
-from dressage.proxy.pause import parse_partial_rollout_header
+from dressage.proxy.pause_requests import parse_partial_rollout_header
 from dressage.proxy.sessions import SessionManager, StreamDelta, StreamEnd, StreamStart
 from dressage.proxy.store import StoreError
 

@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 PARTIAL_ROLLOUT_HEADER = "X-Dressage-Partial-Rollout"
 """Chat-call header: ``1`` keeps the call's partial output across a rollout pause, even when the
-proxy runs without ``--dressage-partial-rollout`` (see :mod:`~dressage.proxy.pause`)."""
+proxy runs without ``--dressage-partial-rollout`` (see :mod:`~dressage.proxy.pause_controller`)."""
 
 
 class ProxyClientError(RuntimeError):
@@ -199,7 +199,7 @@ class ProxyClient(_Base):
     async def pause_rollout(
         self, reason: str = "", *, mode: str = "abort", timeout_seconds: float | None = None
     ) -> dict[str, Any]:
-        """Stop generation at a token boundary (see dressage.proxy.pause); the pause report."""
+        """Pause all generation (see dressage.proxy.pause_controller); the pause report."""
         return await self._run(self._pause(reason, mode, timeout_seconds), dict)
 
     async def resume_rollout(self, version: int | None = None, reason: str = "") -> dict[str, Any]:
@@ -271,7 +271,7 @@ class SyncProxyClient(_Base):
     def pause_rollout(
         self, reason: str = "", *, mode: str = "abort", timeout_seconds: float | None = None
     ) -> dict[str, Any]:
-        """Stop generation at a token boundary (see dressage.proxy.pause); the pause report."""
+        """Pause all generation (see dressage.proxy.pause_controller); the pause report."""
         return self._run(self._pause(reason, mode, timeout_seconds), dict)
 
     def resume_rollout(self, version: int | None = None, reason: str = "") -> dict[str, Any]:

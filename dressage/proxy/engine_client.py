@@ -6,16 +6,16 @@
     out.output_ids, out.logprobs, out.versions, out.finish       # one entry per generated token
 
 Facts it relies on (docs/sglang.md): ``/generate`` takes ``input_ids`` as given and, with
-``return_logprob``, returns ``meta_info.output_token_logprobs`` as ``[logprob, id, text]``
-triples; ``finish_reason`` is ``{"type": "stop"|"length"|"abort", ...}``; streams are SSE,
-cumulative unless the server streams increments; the router (sglang-router / SMG) proxies
+``return_logprob``, returns each token's log-prob (the answers, whole or streamed as SSE, are read
+by :mod:`~dressage.proxy.engine_answers`); the router (sglang-router / SMG) proxies
 ``/generate`` with ``X-SMG-Routing-Key`` for consistent hashing, lists workers at ``GET /workers``
 and has no ``/abort_request`` or pause routes, so control calls fan out to every worker
 (a plain server answers ``/workers`` with 404 and is its own only worker); the weight version is
-read from ``/model_info``. Connection failures and 503s are retried with exponential backoff; 4xx
-answers are not. Keys (docs/sglang.md section 7.4): ``api_key`` travels on every call,
-``admin_key`` instead on the control calls (abort, pause, continue, and the ``/workers`` lookup
-before them) when given, as SGLang's ``--admin-api-key`` asks.
+read from ``/model_info``. Connection failures and 503s are retried with exponential backoff, by
+one policy for every call (:meth:`EngineClient._retrying`); 4xx answers are not. Keys
+(docs/sglang.md section 7.4): ``api_key`` travels on every call, ``admin_key`` instead on the
+control calls (abort, pause, continue, and the ``/workers`` lookup before them) when given, as
+SGLang's ``--admin-api-key`` asks.
 """
 
 from __future__ import annotations
@@ -24,65 +24,46 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import httpx
 
-from dressage.proxy.http1 import ConnectFailed, HTTP1Pool, ProtocolFailure, RawResponse
+from dressage.proxy.engine_answers import (
+    EngineError,
+    EngineOutput,
+    EngineRejectedError,
+    EngineUnavailableError,
+    error_message,
+    read_output,
+    read_stream,
+)
+from dressage.proxy.http1 import (
+    ConnectFailed,
+    HTTP1Pool,
+    ProtocolFailure,
+    RawResponse,
+    StreamedResponse,
+)
 
-__all__ = [
-    "EngineClient",
-    "EngineError",
-    "EngineOutput",
-    "EngineRejectedError",
-    "EngineUnavailableError",
-    "PromptIds",
-    "parse_version",
-]
+__all__ = ["EngineClient", "PromptIds"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-class EngineError(Exception):
-    """The engine did not produce an output; ``status`` is what the agent should get."""
+class _Retryable(Exception):
+    """One attempt failed in a way the next may not: no connection, or no worker (a 503)."""
 
-    status = 502
-
-    def __init__(self, url: str, message: str) -> None:
-        super().__init__(f"engine at {url}: {message}")
+    def __init__(self, url: str, reason: str, message: str) -> None:
+        super().__init__(message)
         self.url = url
-        self.detail = message
-        self.partial_generation: Any = None
-        """Set by the generation controller when the failure interrupted a call that had
-        produced tokens already (a ``Generation``), so that the session can record them."""
-
-
-class EngineUnavailableError(EngineError):
-    """No connection, or no worker behind the router, after every retry."""
-
-    status = 503
-
-
-class EngineRejectedError(EngineError):
-    """The engine answered with an error status (a 4xx is the request's fault)."""
-
-    def __init__(self, url: str, status: int, message: str) -> None:
-        super().__init__(url, f"HTTP {status}: {message}")
-        self.engine_status = status
-        self.status = status if 400 <= status < 500 else 502
-
-
-def parse_version(value: Any) -> int:
-    """A weight version as an int: integer strings parse, anything else (``"default"``) is 0."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        text = value.strip()
-        if text.lstrip("-").isdigit():
-            return int(text)
-    return 0
+        self.reason = reason
+        """What the retry's log line says."""
+        self.message = message
+        """The :class:`EngineUnavailableError`'s message once every retry failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,72 +90,6 @@ class PromptIds:
 
     def json_list(self) -> bytes:
         return b"[" + self.json_body[:-1] + b"]"
-
-
-@dataclass(slots=True)
-class EngineOutput:
-    """One ``/generate`` answer, or, streaming, the part of it that arrived with one chunk."""
-
-    rid: str
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    """Weight version of each output token (from ``weight_versions`` spans, else the answer's
-    ``weight_version``; see :func:`parse_version`)."""
-    finish: dict[str, Any] | None = None
-    """SGLang's ``finish_reason`` object; None while a stream is running."""
-    weight_version: str = ""
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-
-
-def _triples(meta: dict[str, Any], rid: str, url: str) -> tuple[list[int], list[float]]:
-    triples = meta.get("output_token_logprobs")
-    if not isinstance(triples, list):
-        raise EngineError(url, f"request {rid}: meta_info has no output_token_logprobs")
-    try:
-        return [int(t[1]) for t in triples], [float(t[0]) for t in triples]
-    except (TypeError, ValueError, IndexError) as exc:
-        raise EngineError(url, f"request {rid}: malformed output_token_logprobs ({exc})") from None
-
-
-def _versions(meta: dict[str, Any], start: int, count: int) -> list[int]:
-    """Versions of output tokens ``start .. start+count`` (0.5.23 spans when present)."""
-    spans = meta.get("weight_versions")
-    default = parse_version(meta.get("weight_version"))
-    if not isinstance(spans, list) or not spans:
-        return [default] * count
-    out = [default] * count
-    for span in spans:
-        if not isinstance(span, dict):
-            continue
-        version = parse_version(span.get("version"))
-        lo = max(int(span.get("start", 0)), start)
-        hi = min(int(span.get("end", 0)), start + count)
-        for k in range(lo, hi):
-            out[k - start] = version
-    return out
-
-
-def _error_message(body: bytes) -> str:
-    """The message of any SGLang / router error shape (docs/sglang.md sections 6, 7)."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")[:500] or "(empty body)"
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, str):
-            return error
-        if isinstance(error, dict):
-            code = error.get("code")
-            message = str(error.get("message", error))
-            return f"{message} ({code})" if isinstance(code, str) else message
-        if "message" in data:
-            return str(data["message"])
-        if "detail" in data:
-            return str(data["detail"])
-    return str(data)[:500]
 
 
 class EngineClient:
@@ -228,26 +143,35 @@ class EngineClient:
         log.warning("engine %s: %s; retry %d in %.2f s", self.url, reason, attempt + 1, delay)
         await asyncio.sleep(delay)
 
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()`` until it does not raise :class:`_Retryable`, backing off exponentially
+        in between; after ``retries`` retries, :class:`EngineUnavailableError` (the one retry
+        policy of every engine call)."""
+        for n in range(self.retries + 1):
+            try:
+                return await attempt()
+            except _Retryable as failed:
+                if n >= self.retries:
+                    raise EngineUnavailableError(failed.url, failed.message) from None
+                await self._pause_before_retry(n, failed.reason)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     async def _post_generate(self, body: bytes, headers: list[tuple[str, str]]) -> RawResponse:
-        attempt = 0
-        while True:
+        async def attempt() -> RawResponse:
             try:
                 response = await self._pool.request(
                     "POST", "/generate", body, headers=headers, timeout=self.timeout
                 )
             except ConnectFailed as exc:
-                if attempt >= self.retries:
-                    raise EngineUnavailableError(self.url, f"unreachable ({exc})") from None
-                await self._pause_before_retry(attempt, "unreachable")
+                raise _Retryable(self.url, "unreachable", f"unreachable ({exc})") from None
             except ProtocolFailure as exc:
                 raise EngineError(self.url, f"/generate failed mid-answer: {exc}") from None
-            else:
-                if response.status != 503:
-                    return response
-                if attempt >= self.retries:
-                    raise EngineUnavailableError(self.url, _error_message(response.body))
-                await self._pause_before_retry(attempt, _error_message(response.body))
-            attempt += 1
+            if response.status == 503:
+                message = error_message(response.body)
+                raise _Retryable(self.url, message, message)
+            return response
+
+        return await self._retrying(attempt)
 
     async def generate(
         self,
@@ -263,7 +187,7 @@ class EngineClient:
         body = self._payload(prompt, sampling_params, rid, stream=False)
         response = await self._post_generate(body, self._request_headers(routing_key))
         if response.status != 200:
-            raise EngineRejectedError(self.url, response.status, _error_message(response.body))
+            raise EngineRejectedError(self.url, response.status, error_message(response.body))
         try:
             data = json.loads(response.body)
         except ValueError:
@@ -271,22 +195,12 @@ class EngineClient:
         return self._output(data, rid)
 
     def _output(self, data: Any, rid: str) -> EngineOutput:
-        if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
-            raise EngineError(self.url, f"request {rid}: unexpected /generate answer {data!r:.200}")
-        meta = data["meta_info"]
-        ids, logprobs = _triples(meta, rid, self.url)
-        finish = meta.get("finish_reason")
-        _raise_for_error_abort(finish, self.url, rid)
-        return EngineOutput(
-            rid=rid,
-            output_ids=ids,
-            logprobs=logprobs,
-            versions=_versions(meta, 0, len(ids)),
-            finish=finish if isinstance(finish, dict) else None,
-            weight_version=str(meta.get("weight_version", "")),
-            prompt_tokens=meta.get("prompt_tokens"),
-            cached_tokens=meta.get("cached_tokens"),
-        )
+        """A whole answer read (a method, so that a test's client can keep what it read)."""
+        return read_output(data, rid, self.url)
+
+    def _chunks(self, lines: AsyncIterator[bytes], rid: str) -> AsyncIterator[EngineOutput]:
+        """A streamed answer read (a method, so that a test's client can keep what it read)."""
+        return read_stream(lines, rid, self.url)
 
     async def generate_stream(
         self,
@@ -300,73 +214,34 @@ class EngineClient:
         ``finish``. Cumulative and incremental chunks are both understood."""
         body = self._payload(prompt, sampling_params, rid, stream=True)
         headers = self._request_headers(routing_key)
-        attempt = 0
-        while True:
-            try:
-                async with self._pool.stream(
-                    "POST", "/generate", body, headers=headers, timeout=self.timeout
-                ) as response:
-                    if response.status == 503 and attempt < self.retries:
-                        reason = _error_message(await response.read())
-                    elif response.status != 200:
-                        message = _error_message(await response.read())
-                        if response.status == 503:
-                            raise EngineUnavailableError(self.url, message)
-                        raise EngineRejectedError(self.url, response.status, message)
-                    else:
-                        async for out in self._chunks(response.lines(), rid):
-                            yield out
-                        return
-            except ConnectFailed as exc:
-                if attempt >= self.retries:
-                    raise EngineUnavailableError(self.url, f"unreachable ({exc})") from None
-                reason = "unreachable"
-            except ProtocolFailure as exc:
-                raise EngineError(self.url, f"/generate stream broke: {exc}") from None
-            await self._pause_before_retry(attempt, reason)
-            attempt += 1
+        try:
+            response, opened = await self._retrying(lambda: self._open_stream(body, headers))
+            async with opened:
+                async for out in self._chunks(response.lines(), rid):
+                    yield out
+        except ProtocolFailure as exc:
+            raise EngineError(self.url, f"/generate stream broke: {exc}") from None
 
-    async def _chunks(self, lines: AsyncIterator[bytes], rid: str) -> AsyncIterator[EngineOutput]:
-        received = 0
-        async for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
+    async def _open_stream(
+        self, body: bytes, headers: list[tuple[str, str]]
+    ) -> tuple[StreamedResponse, AsyncExitStack]:
+        """One attempt at a streamed ``/generate``: its 200 response, still open, and the stack
+        that closes it; a 503 or no connection is :class:`_Retryable`, another status an error."""
+        async with AsyncExitStack() as stack:
             try:
-                data = json.loads(payload)
-            except ValueError:
-                raise EngineError(
-                    self.url, f"request {rid}: bad stream chunk {payload!r:.200}"
-                ) from None
-            if isinstance(data, dict) and "error" in data:
-                raise EngineRejectedError(self.url, 400, _error_message(payload))
-            if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
-                raise EngineError(self.url, f"request {rid}: unexpected chunk {data!r:.200}")
-            meta = data["meta_info"]
-            ids, logprobs = _triples(meta, rid, self.url)
-            count = meta.get("completion_tokens")
-            # Cumulative chunks (SGLang's default) repeat every token so far; incremental ones
-            # (--incremental-streaming-output) carry only the new ones, with a cumulative count.
-            start = received if count is None or count == len(ids) else 0
-            new_ids, new_logprobs = ids[start:], logprobs[start:]
-            finish = meta.get("finish_reason")
-            _raise_for_error_abort(finish, self.url, rid)
-            yield EngineOutput(
-                rid=rid,
-                output_ids=new_ids,
-                logprobs=new_logprobs,
-                versions=_versions(meta, received, len(new_ids)),
-                finish=finish if isinstance(finish, dict) else None,
-                weight_version=str(meta.get("weight_version", "")),
-                prompt_tokens=meta.get("prompt_tokens"),
-                cached_tokens=meta.get("cached_tokens"),
-            )
-            received += len(new_ids)
-            if isinstance(finish, dict):
-                return
-        raise EngineError(self.url, f"request {rid}: the stream ended without a finish_reason")
+                response = await stack.enter_async_context(
+                    self._pool.stream(
+                        "POST", "/generate", body, headers=headers, timeout=self.timeout
+                    )
+                )
+            except ConnectFailed as exc:
+                raise _Retryable(self.url, "unreachable", f"unreachable ({exc})") from None
+            if response.status == 200:
+                return response, stack.pop_all()
+            message = error_message(await response.read())
+            if response.status != 503:
+                raise EngineRejectedError(self.url, response.status, message)
+        raise _Retryable(self.url, message, message)
 
     # ------------------------------------------------------------------------------ control
     def _client(self) -> httpx.AsyncClient:
@@ -382,15 +257,14 @@ class EngineClient:
         self, method: str, url: str, body: dict[str, Any] | None = None, *, admin: bool = False
     ) -> httpx.Response:
         headers = self._control_headers if admin else None
-        attempt = 0
-        while True:
+
+        async def attempt() -> httpx.Response:
             try:
                 return await self._client().request(method, url, json=body, headers=headers)
             except httpx.TransportError as exc:
-                if attempt >= self.retries:
-                    raise EngineUnavailableError(url, f"unreachable ({exc!r})") from None
-                await self._pause_before_retry(attempt, f"{method} {url} failed")
-            attempt += 1
+                raise _Retryable(url, f"{method} {url} failed", f"unreachable ({exc!r})") from None
+
+        return await self._retrying(attempt)
 
     async def workers(self) -> list[str]:
         """Worker URLs behind a router (``GET /workers``); a plain server is its only worker.
@@ -475,14 +349,3 @@ class EngineClient:
         await self._pool.aclose()
         if self._control is not None:
             await self._control.aclose()
-
-
-def _raise_for_error_abort(finish: Any, url: str, rid: str) -> None:
-    """An abort that carries an error status is a failure, not a partial output (section 7)."""
-    if isinstance(finish, dict) and finish.get("type") == "abort":
-        status = finish.get("status_code")
-        if isinstance(status, int) and status >= 400:
-            message = str(finish.get("message") or "aborted")
-            if status == 503:
-                raise EngineUnavailableError(url, f"request {rid}: {message}")
-            raise EngineRejectedError(url, status, f"request {rid}: {message}")

@@ -1,17 +1,18 @@
-"""Every engine call of the proxy goes through :class:`GenerationController`.
+"""One agent call's engine requests, continued across pauses (the pause itself: pause_controller).
 
-One agent call is one *generation*: the prompt's ids go to the engine and the sampled ids come
-back with a log-prob and a weight version each. A generation may take several engine requests:
-when a request ends in ``abort`` and the :class:`ResumePolicy` says the abort was the proxy's
-own pause (a weight update), the controller waits as the policy says, then asks again with
-``prompt + partial output`` as the prompt and the remaining token budget, and appends what comes
-back. The agent's HTTP call sees one answer; each token keeps the version that produced it::
+Every engine call of the proxy goes through :class:`GenerationController`. One agent call is one
+*generation*: the prompt's ids go to the engine and the sampled ids come back with a log-prob and a
+weight version each. A generation may take several engine requests: when a request ends in ``abort``
+and the :class:`ResumePolicy` says the abort was the proxy's own pause (a weight update), the
+controller waits as the policy says, then asks again with ``prompt + partial output`` as the prompt
+and the remaining token budget, and appends what comes back. The agent's HTTP call sees one answer;
+each token keeps the version that produced it::
 
     controller = GenerationController(engine)
     generation = await controller.generate(session_id, prompt, sampling, request_id="r1")
     generation.output_ids, generation.logprobs, generation.versions, generation.finish_type
 
-Two seams, both filled by :class:`~dressage.proxy.pause.PauseController` in the server:
+Two seams, both filled by :class:`~dressage.proxy.pause_controller.PauseController` in the server:
 
 - a :class:`GenerationGate` is asked before every engine request (``admit``: it may hold the
   request while the proxy is paused, or refuse it) and told when the request came back;
@@ -43,7 +44,8 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from dressage.proxy.engine_client import EngineClient, EngineError, EngineOutput, PromptIds
+from dressage.proxy.engine_answers import EngineError, EngineOutput
+from dressage.proxy.engine_client import EngineClient, PromptIds
 
 __all__ = [
     "Generation",

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from dressage.http_json import BodyTooLarge, JSONBodyError, parse_json_body, read_limited_body
-from dressage.proxy.engine_client import EngineError, EngineUnavailableError
+from dressage.proxy.engine_answers import EngineError, EngineUnavailableError
 from dressage.proxy.errors import BadRequest, EngineFailure, ProxyError, RequestTooLarge
 from dressage.proxy.openai_api import dumps
 from dressage.proxy.store import StoreError

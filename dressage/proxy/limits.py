@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from dressage.proxy.engine_client import EngineClient, EngineError
+from dressage.proxy.engine_answers import EngineError
+from dressage.proxy.engine_client import EngineClient
 from dressage.proxy.errors import BadRequest
 
 if TYPE_CHECKING:

@@ -20,11 +20,9 @@ An agent points its OpenAI base URL at ``http://HOST:PORT/sessions/<session_id>/
     GET  /health   {"status": "ok"}: the proxy serves (liveness)                         (open)
     GET  /ready    200 when the engine answers its /health, else 503 saying what is down  (open)
 
-Rollout pause and resume (around weight updates) are described in :mod:`~dressage.proxy.pause`.
-A chat call with ``X-Dressage-Partial-Rollout: 1`` keeps its partial output across a pause even
-when the proxy runs without ``--dressage-partial-rollout`` (``0`` or no header: the proxy's
-switch decides; any other value: 400 naming the header); ``open`` sets the same for every call
-of a session, for agents whose headers the rollout cannot set (:mod:`~dressage.proxy.sessions`).
+Rollout pause and resume (around weight updates), and partial rollout asked per call (the
+``X-Dressage-Partial-Rollout`` header, ``open``'s ``partial_rollout``): the pause contract in
+:mod:`~dressage.proxy.pause_controller`.
 
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413; bad
@@ -54,12 +52,14 @@ from dressage.proxy.chat_routes import SESSION_HEADERS, add_chat_routes
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv
 from dressage.proxy.encoding import install_encode_memo
-from dressage.proxy.engine_client import EngineClient, EngineError
+from dressage.proxy.engine_answers import EngineError
+from dressage.proxy.engine_client import EngineClient
 from dressage.proxy.errors import ProxyError, Unauthorized
 from dressage.proxy.generation_controller import GenerationController
 from dressage.proxy.http_io import as_proxy_error, json_response, read_optional_json
 from dressage.proxy.openai_schema import add_chat_to_openapi
-from dressage.proxy.pause import PauseController, parse_pause_request, parse_resume_request
+from dressage.proxy.pause_controller import PauseController
+from dressage.proxy.pause_requests import parse_pause_request, parse_resume_request
 from dressage.proxy.serving import uvicorn_config
 from dressage.proxy.sessions import SessionManager, parse_open_request
 from dressage.proxy.store import StoreError, TrajectoryStore

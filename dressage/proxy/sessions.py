@@ -21,13 +21,10 @@ session is gone: its next call opens a new segment with ``boundary_reason="proxy
 An engine abort that the controller does not resume (one the proxy's rollout pause did not
 cause) is recorded with its partial output and finish reason ``abort``, and the agent gets that
 partial message with ``finish_reason: "abort"`` (as SGLang's OpenAI server answers); an abort
-carrying an error status is an error (nothing recorded). Calls stopped by a rollout pause
-(:mod:`~dressage.proxy.pause`) continue after it: their step records every token with its
-version and ``extra["pauses"]``. When the engine fails after a call produced tokens (it died
-while paused), the step is recorded with those tokens and finish reason ``abort`` (plus
-``extra["engine_error"]``) before the agent gets the error. A session past the pause cap gets
-409 ``max_pauses_exceeded``; its trajectory is marked ``no_grad_reason`` in the store (the step
-that was cut short is recorded first).
+carrying an error status is an error (nothing recorded). When the engine fails after a call
+produced tokens, the step is recorded with those tokens and finish reason ``abort`` (plus
+``extra["engine_error"]``) before the agent gets the error. Rollout pauses (what a stopped call
+sees and records, partial rollout per call, the pause cap): :mod:`~dressage.proxy.pause_controller`.
 
 A call's input is bounded by the engine's context (:mod:`~dressage.proxy.limits`): one that
 cannot fit is refused before it is tokenized, one whose prompt is too long after tokenizing is
@@ -42,15 +39,6 @@ generated is recorded as an unanswered step (finish reason ``abort``,
 ``extra["client_disconnected"]``) and the trajectory is marked ``no_grad_reason``: tokens the
 agent never received must not train as if it had acted on them. A call that had generated
 nothing records nothing.
-
-Partial rollout per call: a call keeps its partial output across a pause when the proxy runs
-with ``--dressage-partial-rollout``, or when the rollout asked it of the call: by the call's
-``X-Dressage-Partial-Rollout: 1`` header (what a client the rollout builds can send), or by
-opening the session with ``partial_rollout`` before its agent starts (:meth:`open_session`: a
-black-box command agent only gets a base URL, so its calls carry no header of ours). The flag is
-kept in the store (it survives a restart). The step records who asked (``extra["partial_rollout"]``:
-``header`` or ``session``), and a segment opened by such a call records
-``dressage_partial_rollout: true`` in its flags.
 """
 
 from __future__ import annotations
@@ -64,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.proxy.config import ProxyConfig
-from dressage.proxy.engine_client import EngineError
+from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.errors import (
     BadRequest,
     ClientClosedRequest,

@@ -32,6 +32,7 @@ from typing import Any
 
 from dressage.health import wait_healthy
 from dressage.proxy.config import ProxyConfig
+from dressage.serve_thread import serve_on_thread
 
 __all__ = ["EngineReply", "ScriptedEngine", "serve_app", "serve_proxy"]
 
@@ -296,25 +297,16 @@ class ScriptedEngine:
 def serve_app(app: Any, *, startup_timeout: float = 30.0) -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a background thread, on a free loopback port, with
     the proxy's settings (:mod:`~dressage.proxy.serving`)."""
-    import uvicorn
-
     from dressage.proxy.serving import uvicorn_config
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn_config(app, timeout_graceful_shutdown=2))
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="dressage-proxy-http", daemon=True
-    )
-    thread.start()
-    try:
-        wait_healthy(url, startup_timeout, name="the app", interval_s=0.02)
+    with serve_on_thread(
+        uvicorn_config(app, timeout_graceful_shutdown=2),
+        name="the app",
+        thread_name="dressage-proxy-http",
+        startup_timeout=startup_timeout,
+        interval_s=0.02,
+    ) as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @contextmanager

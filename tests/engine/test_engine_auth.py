@@ -10,7 +10,6 @@ The header cases are in tests/auth_cases.py (the proxy's matrix uses the same).
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -160,15 +159,6 @@ def test_weight_update_errors_do_not_tell_which_paths_exist(
 
 
 # ------------------------------------------------------------------------------ start-up
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    """A loopback port that is taken: code that got as far as binding it fails there."""
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        yield int(holder.getsockname()[1])
-
-
 @pytest.fixture
 def no_engine_keys(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in ("DRESSAGE_ENGINE_ADMIN_KEY", "DRESSAGE_ENGINE_API_KEY"):

@@ -19,7 +19,7 @@ from dressage.config.mopd import MOPD_HOOKS, resolve_checkpoint
 from dressage.jobs.cluster import ClusterOptions, cluster_plan
 from dressage.jobs.train import main
 from dressage.launch.train_job import TrainRunConfig
-from tests.helpers import REPO
+from tests.helpers import REPO, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -91,12 +91,6 @@ def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Pa
     assert plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"] == EMBEDDED
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_the_entrypoint_serves_the_proxy_while_slime_runs_and_stops_it_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,7 +109,7 @@ def test_the_entrypoint_serves_the_proxy_while_slime_runs_and_stops_it_after(
         "sys.exit(7)\n"
     )
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    port = _free_port()
+    port = free_port()
     run = _run(tmp_path, cluster={"python": str(fake), "proxy_port": port, "router_port": 9})
     path = run.write(tmp_path / "run.json")
     monkeypatch.setenv("DRESSAGE_PROXY_HOST", "127.0.0.1")

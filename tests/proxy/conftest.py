@@ -1,5 +1,5 @@
-"""Shared fixtures of the proxy tests: the Qwen3.5 TITO tokenizer, scripted engine outputs, and
-a proxy served on a thread over a fresh store."""
+"""Shared fixtures of the proxy tests: the Qwen3.5 TITO tokenizer, scripted engine outputs, a real
+embedded engine per test module, and a proxy served on a thread over a fresh store."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dressage.proxy.config import ProxyConfig
 from dressage.proxy.engine_client import EngineClient
 from dressage.proxy.testing import EngineReply, ScriptedEngine, serve_proxy
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
+from tests.helpers import ENGINE_KEY
 
 TOOL_CALL = (
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
@@ -36,6 +37,26 @@ WEATHER_TOOL: dict[str, Any] = {
 @pytest.fixture(scope="session")
 def qwen35_tito(qwen35_tokenizer: Any) -> TITOTokenizer:
     return create_tito_tokenizer(qwen35_tokenizer, "qwen3.5")
+
+
+@pytest.fixture(scope="module")
+def engine_weight_version() -> str:
+    """The weight version ``engine_url``'s engine starts at; a module overrides this fixture to
+    start at another."""
+    return "0"
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_model_path: Path, engine_weight_version: str) -> Iterator[str]:
+    """A real embedded engine for one test module (its tests may update its weights): CPU, one
+    thread, a 4096-token context, the tests' control key."""
+    from dressage.engine.testing import serve_engine
+
+    with serve_engine(
+        tiny_model_path, device="cpu", num_threads=1, context_length=4096,
+        weight_version=engine_weight_version, admin_api_key=ENGINE_KEY,
+    ) as url:  # fmt: skip
+        yield url
 
 
 class Script:

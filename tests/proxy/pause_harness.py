@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import torch
 
-from dressage.proxy.engine_client import EngineClient, EngineOutput, PromptIds
+from dressage.proxy.engine_answers import EngineOutput
+from dressage.proxy.engine_client import EngineClient, PromptIds
 from dressage.trajectory import StepRecord
 from tests.helpers import ENGINE_KEY, bearer
 

@@ -9,7 +9,6 @@ empty, through its real entry point in this process.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -170,15 +169,6 @@ def test_a_real_engine_pauses_only_for_a_proxy_with_its_key(
 
 
 # ------------------------------------------------------------------------------ start-up
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    """A loopback port that is taken: a proxy that got as far as binding it fails there."""
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        yield int(holder.getsockname()[1])
-
-
 KEY_VARIABLES = [
     "DRESSAGE_PROXY_ADMIN_KEY",
     "DRESSAGE_PROXY_API_KEY",

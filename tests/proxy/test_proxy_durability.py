@@ -33,16 +33,6 @@ ADMIN = "durable-admin-key"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
-@pytest.fixture(scope="module")
-def engine_url(tiny_model_path: Path) -> Iterator[str]:
-    from dressage.engine.testing import serve_engine
-
-    with serve_engine(
-        tiny_model_path, device="cpu", num_threads=1, context_length=4096, admin_api_key=ENGINE_KEY
-    ) as url:
-        yield url
-
-
 @contextmanager
 def proxy_process(engine_url: str, store: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     argv = [sys.executable, "-m", "dressage.proxy.server", "--engine-url", engine_url]

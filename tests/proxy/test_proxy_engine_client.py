@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,16 +16,17 @@ from typing import Any
 
 import pytest
 
-from dressage.proxy.engine_client import (
-    EngineClient,
+from dressage.proxy.engine_answers import (
     EngineRejectedError,
     EngineUnavailableError,
-    PromptIds,
-    _versions,
     parse_version,
+    read_stream,
+    token_versions,
 )
+from dressage.proxy.engine_client import EngineClient, PromptIds
 from dressage.proxy.generation_controller import Generation, GenerationController
 from dressage.proxy.testing import EngineReply, ScriptedEngine
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -105,9 +105,9 @@ def test_weight_versions() -> None:
             {"version": "3", "start": 2, "end": 5},
         ],
     }
-    assert _versions(spans, 0, 5) == [2, 2, 3, 3, 3]  # 0.5.23: one version per token span
-    assert _versions(spans, 1, 3) == [2, 3, 3]
-    assert _versions({"weight_version": "default"}, 0, 2) == [0, 0]
+    assert token_versions(spans, 0, 5) == [2, 2, 3, 3, 3]  # 0.5.23: one version per token span
+    assert token_versions(spans, 1, 3) == [2, 3, 3]
+    assert token_versions({"weight_version": "default"}, 0, 2) == [0, 0]
 
 
 async def _lines(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -134,10 +134,9 @@ def test_streams_cumulative_or_incremental_give_the_same_tokens(incremental: boo
         chunks = [_chunk([1], 1), _chunk([2, 3], 3), _chunk([4], 4, done)]
     else:
         chunks = [_chunk([1], 1), _chunk([1, 2, 3], 3), _chunk([1, 2, 3, 4], 4, done)]
-    client = EngineClient("http://unused:1")
 
     async def collect() -> list[Any]:
-        return [out async for out in client._chunks(_lines(chunks), "r")]
+        return [out async for out in read_stream(_lines(chunks), "r", "http://unused:1")]
 
     outs = _run(collect())
     assert [o.output_ids for o in outs] == [[1], [2, 3], [4]]
@@ -146,13 +145,11 @@ def test_streams_cumulative_or_incremental_give_the_same_tokens(incremental: boo
 
 
 def test_a_stream_error_event_is_an_error() -> None:
-    client = EngineClient("http://unused:1")
-
     async def lines() -> AsyncIterator[bytes]:
         yield b'data: {"error": {"message": "bad input", "code": 400}}'
 
     async def collect() -> None:
-        async for _ in client._chunks(lines(), "r"):
+        async for _ in read_stream(lines(), "r", "http://unused:1"):
             pass
 
     with pytest.raises(EngineRejectedError, match="bad input"):
@@ -197,33 +194,61 @@ def test_a_plain_server_is_its_own_only_worker() -> None:
     ]
 
 
-def test_no_worker_behind_the_router_is_retried_then_503() -> None:
+async def _generate(client: EngineClient, stream: bool) -> list[int]:
+    """One ``/generate`` of prompt ``[1]``, plain or streamed; the output ids."""
+    try:
+        if not stream:
+            return (await client.generate(PromptIds.of([1]), {}, rid="r")).output_ids
+        ids: list[int] = []
+        async for out in client.generate_stream(PromptIds.of([1]), {}, rid="r"):
+            ids += out.output_ids
+        return ids
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_no_worker_behind_the_router_is_retried_then_503(stream: bool) -> None:
     with _engine(EngineReply([], http_status=503, error_body=NO_WORKERS)) as router:
         client = EngineClient(router.url, retries=2, backoff=0.01)
         with pytest.raises(EngineUnavailableError) as info:
-            _run(_with(client, client.generate(PromptIds.of([1]), {}, rid="r")))
+            _run(_generate(client, stream))
     assert len(router.seen) == 3
     assert info.value.status == 503
     assert router.url in str(info.value) and "no_available_workers" in str(info.value)
 
 
-def test_an_unreachable_engine_is_retried_with_backoff_then_503() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens here
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_503_then_an_answer_is_the_answer(stream: bool) -> None:
+    no_worker = EngineReply([], http_status=503, error_body=NO_WORKERS)
+    with _engine(no_worker, no_worker, EngineReply([7, 8])) as router:
+        client = EngineClient(router.url, retries=2, backoff=0.01)
+        assert _run(_generate(client, stream)) == [7, 8]
+    assert len(router.seen) == 3
+
+
+@pytest.mark.parametrize("call", ["generate", "generate_stream", "model_info"])
+def test_an_unreachable_engine_is_retried_with_backoff_then_503(call: str) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     client = EngineClient(url, retries=3, backoff=0.02)
+    if call == "model_info":  # a control call (httpx), named by its URL
+        attempt: Any = _with(client, client.model_info())
+    else:
+        attempt = _generate(client, stream=call == "generate_stream")
     started = time.monotonic()
-    with pytest.raises(EngineUnavailableError, match=f"engine at {url}: unreachable"):
-        _run(_with(client, client.generate(PromptIds.of([1]), {}, rid="r")))
+    with pytest.raises(EngineUnavailableError, match=f"engine at {url}\\S*: unreachable") as info:
+        _run(attempt)
     assert time.monotonic() - started >= 0.02 + 0.04 + 0.08  # exponential backoff
+    assert info.value.status == 503
 
 
-def test_a_4xx_is_not_retried() -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_4xx_is_not_retried(stream: bool) -> None:
     refusal = EngineReply([], http_status=400, error_body={"error": {"message": "top_k bad"}})
     with _engine(refusal) as engine:
         client = EngineClient(engine.url, retries=3, backoff=0.01)
         with pytest.raises(EngineRejectedError, match="HTTP 400: top_k bad") as info:
-            _run(_with(client, client.generate(PromptIds.of([1]), {"top_k": 0}, rid="r")))
+            _run(_generate(client, stream))
     assert len(engine.seen) == 1 and info.value.status == 400
 
 

@@ -18,13 +18,11 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from dressage.engine.testing import serve_engine
 from dressage.proxy.client import ProxyClient
 from dressage.proxy.tito import TITOTokenizer
 from dressage.rollout.multi_segment import expand_segments_to_samples
 from dressage.trajectory import NO_VERSION
 from dressage.types import Sample
-from tests.helpers import ENGINE_KEY
 from tests.proxy.conftest import running_proxy
 from tests.proxy.pause_harness import (
     ADMIN,
@@ -125,29 +123,25 @@ async def _run(proxy: str, engine_url: str, weights: dict[int, Path]) -> dict[st
 
 @pytest.fixture(scope="module")
 def run(
-    tiny_model_path: Path,
+    engine_url: str,
     weights: dict[int, Path],
     qwen35_tito: TITOTokenizer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Any]:
     store = tmp_path_factory.mktemp("pause-store")
-    with serve_engine(
-        tiny_model_path, device="cpu", num_threads=1, context_length=4096, weight_version="0",
-        admin_api_key=ENGINE_KEY,
-    ) as engine_url:  # fmt: skip
-        wire = WireLog(engine_url, retries=0)
-        with running_proxy(
-            engine_url,
-            store,
-            qwen35_tito,
-            engine=wire,
-            admin_key=ADMIN,
-            api_key=API,
-            partial_rollout=True,
-            record_token_versions=True,
-            mask_nonlast_version_tokens=True,
-        ) as proxy:
-            result = asyncio.run(_run(proxy, engine_url, weights))
+    wire = WireLog(engine_url, retries=0)
+    with running_proxy(
+        engine_url,
+        store,
+        qwen35_tito,
+        engine=wire,
+        admin_key=ADMIN,
+        api_key=API,
+        partial_rollout=True,
+        record_token_versions=True,
+        mask_nonlast_version_tokens=True,
+    ) as proxy:
+        result = asyncio.run(_run(proxy, engine_url, weights))
     return result | {"wire": wire}
 
 

@@ -17,15 +17,13 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from dressage.engine.testing import serve_engine
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER, ProxyClient, ProxyClientError
 from dressage.proxy.config import ProxyConfigError, config_from_argv
 from dressage.proxy.errors import BadRequest
-from dressage.proxy.pause import parse_pause_request, parse_resume_request
+from dressage.proxy.pause_requests import parse_pause_request, parse_resume_request
 from dressage.proxy.tito import TITOTokenizer
 from dressage.rollout.multi_segment import expand_segments_to_samples
 from dressage.types import Sample
-from tests.helpers import ENGINE_KEY
 from tests.proxy.conftest import running_proxy
 from tests.proxy.pause_harness import (
     ADMIN,
@@ -38,15 +36,6 @@ from tests.proxy.pause_harness import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def engine_url(tiny_model_path: Path) -> Iterator[str]:
-    with serve_engine(
-        tiny_model_path, device="cpu", num_threads=1, context_length=4096, weight_version="0",
-        admin_api_key=ENGINE_KEY,
-    ) as url:  # fmt: skip
-        yield url
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +181,7 @@ def test_a_pause_never_resumed_ends_by_itself(
     env_factory: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     env = env_factory(partial_rollout=True)
-    caplog.set_level(logging.WARNING, logger="dressage.proxy.pause")
+    caplog.set_level(logging.WARNING, logger="dressage.proxy.pause_controller")
 
     async def scenario() -> None:
         call = asyncio.create_task(env.call("timeout-1", max_tokens=120))

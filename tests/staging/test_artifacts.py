@@ -17,26 +17,10 @@ from dressage.cli import main as cli_main
 from dressage.schemas import segments_from_table, segments_to_table
 from dressage.staging import MANIFEST_NAME, ArtifactError, ArtifactWriter, open_artifact
 from dressage.staging.validation import validate_artifact
-from dressage.trajectory import Segment
 from tests.helpers import REPO
+from tests.staging.factories import segments
 
 pytestmark = pytest.mark.unit
-
-
-def _segments(n: int, session: str = "s") -> list[Segment]:
-    return [
-        Segment(
-            session_id=session,
-            segment_index=i,
-            tokens=[1, 2, 3, 4 + i],
-            full_loss_mask=[0, 0, 1, 1],
-            full_logprobs=[0.0, 0.0, -0.5, -0.25],
-            messages=[{"role": "user", "content": f"q{i}"}],
-            finish_reason="stop",
-            prompt_length=2,
-        )
-        for i in range(n)
-    ]
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -45,7 +29,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path, memory_fs: None) -> str:
 
 
 def test_round_trip_tables_and_blobs(url: str) -> None:
-    segs = _segments(3)
+    segs = segments(3)
     with ArtifactWriter(url, metadata={"run_id": "r1"}) as w:
         w.write_table("segments", segments_to_table(segs[:2]))
         w.write_table("segments", segments_to_table(segs[2:]))
@@ -63,7 +47,7 @@ def test_round_trip_tables_and_blobs(url: str) -> None:
 def test_writer_error_leaves_no_artifact(url: str) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         with ArtifactWriter(url) as w:
-            w.write_table("segments", segments_to_table(_segments(2)))
+            w.write_table("segments", segments_to_table(segments(2)))
             raise RuntimeError("boom")
     with pytest.raises(ArtifactError, match="no _MANIFEST.json"):
         open_artifact(url)
@@ -71,7 +55,7 @@ def test_writer_error_leaves_no_artifact(url: str) -> None:
 
 def test_existing_artifact_is_not_overwritten_by_default(url: str) -> None:
     with ArtifactWriter(url) as w:
-        w.write_table("segments", segments_to_table(_segments(1)))
+        w.write_table("segments", segments_to_table(segments(1)))
     with pytest.raises(ArtifactError, match="already holds an artifact"):
         with ArtifactWriter(url) as w:
             pass
@@ -80,16 +64,16 @@ def test_existing_artifact_is_not_overwritten_by_default(url: str) -> None:
 
 def test_replace_swaps_atomically_and_cleans_old_files(url: str) -> None:
     with ArtifactWriter(url) as w:
-        w.write_table("segments", segments_to_table(_segments(1)))
+        w.write_table("segments", segments_to_table(segments(1)))
     old = open_artifact(url).manifest.all_paths()
     # a failed replacement keeps the old artifact readable and intact
     with pytest.raises(RuntimeError):
         with ArtifactWriter(url, if_exists="replace") as w:
-            w.write_table("segments", segments_to_table(_segments(5)))
+            w.write_table("segments", segments_to_table(segments(5)))
             raise RuntimeError("killed mid-write")
     assert open_artifact(url).read_table("segments").num_rows == 1
     with ArtifactWriter(url, if_exists="replace") as w:
-        w.write_table("segments", segments_to_table(_segments(4)))
+        w.write_table("segments", segments_to_table(segments(4)))
     art = open_artifact(url)
     assert art.read_table("segments").num_rows == 4
     assert not any(art.fs.exists(f"{art.root}/{p}") for p in old)
@@ -97,7 +81,7 @@ def test_replace_swaps_atomically_and_cleans_old_files(url: str) -> None:
 
 def test_checksum_mismatch_is_refused(url: str) -> None:
     with ArtifactWriter(url) as w:
-        entry = w.write_table("segments", segments_to_table(_segments(2)))
+        entry = w.write_table("segments", segments_to_table(segments(2)))
     art = open_artifact(url)
     path = f"{art.root}/{entry.path}"
     data = bytearray(art.fs.cat_file(path))
@@ -112,7 +96,7 @@ def test_checksum_mismatch_is_refused(url: str) -> None:
 
 def test_edited_manifest_is_refused(url: str) -> None:
     with ArtifactWriter(url) as w:
-        w.write_table("segments", segments_to_table(_segments(2)))
+        w.write_table("segments", segments_to_table(segments(2)))
     art = open_artifact(url)
     path = f"{art.root}/{MANIFEST_NAME}"
     doc = json.loads(art.fs.cat_file(path))
@@ -128,7 +112,7 @@ def test_edited_manifest_is_refused(url: str) -> None:
 
 
 def test_bad_table_data_is_reported_by_validate(url: str) -> None:
-    table = segments_to_table(_segments(2))
+    table = segments_to_table(segments(2))
     # a gap in segment indices slips past the writer's cast but not the data rules
     table = table.set_column(1, "segment_index", pa.array([0, 5], pa.int32()))
     with ArtifactWriter(url) as w:
@@ -142,13 +126,13 @@ def test_bad_table_data_is_reported_by_validate(url: str) -> None:
 def test_write_table_refuses_foreign_columns(url: str) -> None:
     with pytest.raises(ValueError, match=r"missing \['full_logprobs'"):
         with ArtifactWriter(url) as w:
-            w.write_table("segments", segments_to_table(_segments(1)).drop(["full_logprobs"]))
+            w.write_table("segments", segments_to_table(segments(1)).drop(["full_logprobs"]))
 
 
 def test_cli_validate_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good, bad = tmp_path / "good", tmp_path / "bad"
     with ArtifactWriter(str(good), metadata={"run_id": "r9"}) as w:
-        w.write_table("segments", segments_to_table(_segments(2)))
+        w.write_table("segments", segments_to_table(segments(2)))
     assert cli_main(["artifacts", "validate", str(good)]) == 0
     assert cli_main(["artifacts", "show", str(good)]) == 0
     out = capsys.readouterr().out

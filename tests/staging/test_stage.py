@@ -12,26 +12,10 @@ from dressage.schemas import segments_to_table, train_data_to_table
 from dressage.staging import MANIFEST_NAME, ArtifactError, ArtifactWriter, open_artifact
 from dressage.staging.checks import check_run_tables, describe_failures
 from dressage.staging.stage import StagingError, copy_artifact, stage_run
-from dressage.trajectory import Segment
+from tests.staging.factories import segments
 from tests.staging.read_only import read_only_folder
 
 pytestmark = pytest.mark.unit
-
-
-def _segments(n: int, tag: str = "s") -> list[Segment]:
-    return [
-        Segment(
-            session_id=f"{tag}-{i}",
-            segment_index=0,
-            tokens=[1, 2, 3, 4 + i],
-            full_loss_mask=[0, 0, 1, 1],
-            full_logprobs=[0.0, 0.0, -0.5, -0.25],
-            messages=[{"role": "user", "content": f"q{i}"}],
-            finish_reason="stop",
-            prompt_length=2,
-        )
-        for i in range(n)
-    ]
 
 
 def _train_data(n: int, logprob: float = -0.5) -> dict[str, list[object]]:
@@ -50,7 +34,7 @@ def _train_data(n: int, logprob: float = -0.5) -> dict[str, list[object]]:
 
 def _artifact(url: str, n: int = 3, tag: str = "s", logprob: float = -0.5) -> str:
     with ArtifactWriter(url, metadata={"tag": tag}) as w:
-        w.write_table("segments", segments_to_table(_segments(n, tag)))
+        w.write_table("segments", segments_to_table(segments(n, tag, one_session=False)))
         w.write_table("train_data", train_data_to_table(_train_data(n, logprob)))
         w.write_blob("note.txt", b"hello", media_type="text/plain")
     return url

@@ -10,10 +10,11 @@ prefix-checking mode (:mod:`~dressage.proxy.tito.generic`) and the snapshot base
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dressage.proxy.parsers import ParsedOutput, parse_assistant_output
+from dressage.proxy.tito.history import AppendOk, check_append
 from dressage.proxy.tito.state import (
     BoundaryReason,
     SegmentBoundary,
@@ -77,7 +78,6 @@ class TITOTokenizer(ABC):
         Raises :class:`TITOInputError` when no segment can hold the request.
         """
 
-    @abstractmethod
     def extend(
         self,
         state: TITOState,
@@ -90,7 +90,39 @@ class TITOTokenizer(ABC):
 
         On success ``state`` is updated in place and returned in the turn; on a boundary it is
         left untouched. Raises :class:`TITOInputError` for input no segment can hold.
+
+        Every mode starts the same way: the append-only check (:func:`check_append`), then, while
+        the segment's last generation has no recorded output, only a plain retry goes on
+        (:func:`retry_pending`). What the new messages append is the mode's :meth:`_append`.
         """
+        kwargs = dict(chat_template_kwargs or {})
+        check = check_append(
+            state, messages, tools, kwargs, prompt_only_kwargs=self.prompt_only_kwargs
+        )
+        if isinstance(check, SegmentBoundary):
+            return check
+        if state.awaiting_output:
+            return retry_pending(state, messages, check.first_new, check.echo_updates, kwargs)
+        return self._append(state, messages, check, tools=tools, kwargs=kwargs)
+
+    @abstractmethod
+    def _append(
+        self,
+        state: TITOState,
+        messages: Sequence[dict[str, Any]],
+        check: AppendOk,
+        *,
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+    ) -> TITOTurn | SegmentBoundary:
+        """``extend`` past its shared start: append ``messages[check.first_new:]`` to a segment
+        whose last output is recorded (same contract as :meth:`extend`)."""
+
+    @property
+    def prompt_only_kwargs(self) -> Collection[str]:
+        """Template kwargs that shape only the generation prompt: changing one between calls
+        keeps the segment (none unless the mode's chat format names some)."""
+        return frozenset()
 
     @abstractmethod
     def render_conversation(

@@ -14,9 +14,9 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dressage.proxy.tito.base import TITOTokenizer, retry_pending
+from dressage.proxy.tito.base import TITOTokenizer
 from dressage.proxy.tito.formats import FORMATS
-from dressage.proxy.tito.history import check_append
+from dressage.proxy.tito.history import AppendOk
 from dressage.proxy.tito.messages import validate_messages
 from dressage.proxy.tito.snapshot import first_difference
 from dressage.proxy.tito.state import (
@@ -117,21 +117,16 @@ class GenericTITOTokenizer(TITOTokenizer):
     def _after_output(self, state: TITOState, output_ids: list[int]) -> None:
         state.text = (state.text or "") + self.decode(output_ids)
 
-    def extend(
+    def _append(
         self,
         state: TITOState,
         messages: Sequence[dict[str, Any]],
+        check: AppendOk,
         *,
-        tools: list[dict[str, Any]] | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
     ) -> TITOTurn | SegmentBoundary:
-        kwargs = dict(chat_template_kwargs or {})
-        check = check_append(state, messages, tools, kwargs)
-        if isinstance(check, SegmentBoundary):
-            return check
         first = check.first_new
-        if state.awaiting_output:
-            return retry_pending(state, messages, first, check.echo_updates, kwargs)
         validate_messages(messages, first)
         # History renders from what the segment holds (sampled messages as returned, reasoning
         # included), the new messages as the request sent them.

@@ -9,13 +9,12 @@ measured against, and the fallback where TITO cannot apply. Its cost grows with 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from dressage.proxy.tito.base import TITOTokenizer, retry_pending
-from dressage.proxy.tito.history import check_append
+from dressage.proxy.tito.base import TITOTokenizer
+from dressage.proxy.tito.history import AppendOk
 from dressage.proxy.tito.state import BoundaryReason, SegmentBoundary, TITOState, TITOTurn
-from dressage.proxy.tito.templated import TemplateTITOTokenizer
 
 __all__ = ["SnapshotTITOTokenizer", "first_difference"]
 
@@ -37,11 +36,10 @@ class SnapshotTITOTokenizer(TITOTokenizer):
         self.family = inner.family
         self.stop_token_ids = inner.stop_token_ids
         self.closer_ids = inner.closer_ids
-        self._prompt_only = (
-            inner.chat_format.prompt_only_kwargs
-            if isinstance(inner, TemplateTITOTokenizer)
-            else frozenset()
-        )
+
+    @property
+    def prompt_only_kwargs(self) -> Collection[str]:
+        return self.inner.prompt_only_kwargs
 
     @property
     def parser_family(self) -> str | None:
@@ -79,20 +77,15 @@ class SnapshotTITOTokenizer(TITOTokenizer):
     ) -> TITOState:
         return self.inner.record_output(state, output_ids, assistant_message=assistant_message)
 
-    def extend(
+    def _append(
         self,
         state: TITOState,
         messages: Sequence[dict[str, Any]],
+        check: AppendOk,
         *,
-        tools: list[dict[str, Any]] | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
     ) -> TITOTurn | SegmentBoundary:
-        kwargs = dict(chat_template_kwargs or {})
-        check = check_append(state, messages, tools, kwargs, prompt_only_kwargs=self._prompt_only)
-        if isinstance(check, SegmentBoundary):
-            return check
-        if state.awaiting_output:
-            return retry_pending(state, messages, check.first_new, check.echo_updates, kwargs)
         text = self.render_conversation(messages, tools=tools, chat_template_kwargs=kwargs)
         ids = self.encode(text)
         n = len(state.ids)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dressage.proxy.tito.base import TITOTokenizer, retry_pending, single_token_id
+from dressage.proxy.tito.base import TITOTokenizer, single_token_id
 from dressage.proxy.tito.formats import ChatFormat
-from dressage.proxy.tito.history import check_append
+from dressage.proxy.tito.history import AppendOk
 from dressage.proxy.tito.messages import template_form, validate_messages
 from dressage.proxy.tito.state import (
     BoundaryReason,
@@ -113,23 +113,20 @@ class TemplateTITOTokenizer(TITOTokenizer):
         ids = self.encode(text)
         return TITOTurn(delta_ids=list(ids), state=self._new_state(messages, ids, tools, kwargs))
 
-    def extend(
+    @property
+    def prompt_only_kwargs(self) -> frozenset[str]:
+        return self.chat_format.prompt_only_kwargs
+
+    def _append(
         self,
         state: TITOState,
         messages: Sequence[dict[str, Any]],
+        check: AppendOk,
         *,
-        tools: list[dict[str, Any]] | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
     ) -> TITOTurn | SegmentBoundary:
-        kwargs = dict(chat_template_kwargs or {})
-        check = check_append(
-            state, messages, tools, kwargs, prompt_only_kwargs=self.chat_format.prompt_only_kwargs
-        )
-        if isinstance(check, SegmentBoundary):
-            return check
         first = check.first_new
-        if state.awaiting_output:
-            return retry_pending(state, messages, first, check.echo_updates, kwargs)
         validate_messages(messages, first)
         fmt = self.chat_format
         prefix = (fmt.turn_closer if state.open_turn else "") + fmt.after_closer

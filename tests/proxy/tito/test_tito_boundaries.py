@@ -16,7 +16,7 @@ from dressage.proxy.tito import (
     TITOTokenizer,
     TITOTurn,
 )
-from dressage.proxy.tito.corpus import WEATHER_TOOL
+from dressage.testing.tito_corpus import WEATHER_TOOL
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dressage.proxy.tito import TITOTokenizer
-from dressage.proxy.tito.corpus import drop_history_reasoning, qwen35_drift_corpus
 from dressage.proxy.tito.replay import drift_turns, replay_naive, replay_tito
+from dressage.testing.tito_corpus import drop_history_reasoning, qwen35_drift_corpus
 
 pytestmark = pytest.mark.unit
 

@@ -22,8 +22,8 @@ from dressage.proxy.tito import (
     create_tito_tokenizer,
     load_pinned_template,
 )
-from dressage.proxy.tito.corpus import WEATHER_TOOL, qwen35_drift_corpus
 from dressage.proxy.tito.replay import drift_turns, replay_tito
+from dressage.testing.tito_corpus import WEATHER_TOOL, qwen35_drift_corpus
 
 pytestmark = pytest.mark.unit
 

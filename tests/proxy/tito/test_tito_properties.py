@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from dressage.assets import load_tokenizer
 from dressage.proxy.tito import TITOTurn, create_tito_tokenizer
-from dressage.proxy.tito.corpus import TOOLS, sdk_echo, strip_echo
 from dressage.proxy.tito.replay import (
     ScriptedConversation,
     ScriptedTurn,
@@ -20,6 +19,7 @@ from dressage.proxy.tito.replay import (
     replay_tito,
     sampled_ids,
 )
+from dressage.testing.tito_corpus import TOOLS, sdk_echo, strip_echo
 
 pytestmark = pytest.mark.unit
 

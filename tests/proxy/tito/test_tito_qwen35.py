@@ -15,7 +15,7 @@ from dressage.proxy.tito import (
     create_tito_tokenizer,
     load_pinned_template,
 )
-from dressage.proxy.tito.corpus import WEATHER_TOOL
+from dressage.testing.tito_corpus import WEATHER_TOOL
 
 pytestmark = pytest.mark.unit
 

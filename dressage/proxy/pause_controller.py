@@ -1,4 +1,10 @@
-"""Rollout pauses: stop generation at a token boundary for a weight update, continue after it.
+"""The proxy-wide pause: all generation stopped at a token boundary for a weight update.
+
+:class:`PauseController` holds one state for the whole proxy: the gate every engine request
+passes, and what an ``abort`` means for the call it stopped. It runs no engine request itself:
+each agent call's requests are sent, and re-sent after a pause, by
+:mod:`~dressage.proxy.generation_controller`. This docstring is the pause contract; the routes,
+the sessions and the settings point here.
 
     POST /v1/rollout/pause   {"reason": "update 7", "mode": "abort", "timeout_seconds": 300}
     POST /v1/rollout/resume  {"version": 8, "reason": "update 7"}
@@ -15,15 +21,22 @@ generation has stopped, with the number of calls it stopped and how long that to
   call continues from ``prompt + partial output`` with the remaining token budget (with
   ``--dressage-partial-rollout``), or starts again from its prompt (without it: the baseline that
   loses the in-flight work; a streamed call that already sent tokens then ends with
-  ``finish_reason`` abort instead, since sent text cannot be taken back). The rollout side may
-  also ask partial rollout of single calls while the proxy-wide switch is off: with the header
-  ``X-Dressage-Partial-Rollout: 1`` on a chat call, or by opening the session with
-  ``partial_rollout`` (``POST /v1/sessions/{id}/open``, for agents whose headers it cannot set);
-  those calls continue as with the switch (:func:`parse_partial_rollout_header`).
+  ``finish_reason`` abort instead, since sent text cannot be taken back).
 - ``retract`` / ``in_place``: the engine keeps the requests (retract frees their KV cache and
   re-prefills under the new weights; in_place keeps it, so weight updates must not flush the
   cache). The proxy keeps their calls open and only holds new requests; the engine's
   ``weight_versions`` spans label each token (SGLang >= 0.5.23, and the embedded engine).
+
+Partial rollout per call: the rollout side may ask it of single calls while the proxy-wide switch is
+off, and those calls continue as with the switch. A client the rollout builds sends the header
+``X-Dressage-Partial-Rollout: 1`` on a chat call (``0`` or no header leaves it to the switch and the
+session's flag, so a call cannot turn them off; any other value is a 400 naming the header:
+:func:`~dressage.proxy.pause_requests.parse_partial_rollout_header`). A black-box command agent only
+gets a base URL, so its calls carry no header of ours: the rollout opens its session with
+``partial_rollout`` (``POST /v1/sessions/{id}/open``, admin key) before the agent starts, and the
+flag is kept in the store (it survives a restart). The step records who asked
+(``extra["partial_rollout"]``: ``header`` or ``session``), and a segment opened by such a call
+records ``dressage_partial_rollout: true`` in its flags.
 
 A second pause while paused changes nothing and answers 200 with the current state
 (``already_paused: true``), or 409 when it asks for another mode. A resume sets the proxy's
@@ -31,149 +44,50 @@ weight version (``version``; omitted: the engine's, from ``/model_info``, unless
 continues every worker (``/continue_generation``) and releases every held call; a version older
 than the proxy's is 409 and changes nothing; a resume while not paused is a 200 no-op
 (``was_paused: false``) that still syncs the version. A pause that is never resumed ends by
-itself after ``timeout_seconds`` (default ``DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC``), with a warning.
-If the engine died while paused, the resume still releases the calls and answers 503 naming the
-engine; each released call then fails with 503 and its partial output is recorded as a step
-with finish reason ``abort`` and ``extra["engine_error"]``.
+itself after ``timeout_seconds`` (default ``--pause-timeout``, ``DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC``;
+at most :data:`~dressage.proxy.config.MAX_PAUSE_TIMEOUT_S`), with a warning. A pause the engine
+refuses is a 503 naming the engine, and generation goes on. ``pause_state`` answers the state:
+paused or not, mode, reason, deadline, weight version, the calls parked, waiting and in flight,
+and the last pause and resume reports. All three routes take the admin key (when the proxy has
+one: 401 without it); a malformed body is a 400 naming the field.
+
+What a call sees and records: during a pause the agent's HTTP call just takes longer. A call
+that continues after the pause records one step holding every token with the version that
+produced it, and ``extra["pauses"]``. If the engine died while paused, the resume still releases
+the calls and answers 503 naming the engine; each released call then fails with 503, and its
+partial output is first recorded as a step with finish reason ``abort`` and
+``extra["engine_error"]``.
 
 An abort counts as the proxy's own when the proxy is paused, or when a pause began after the
-engine request was admitted (its answer may arrive after the resume). Each session also counts
-the pauses since its first call: past ``--max-pauses-per-trajectory`` its calls end with 409
-``max_pauses_exceeded`` and the session is marked to train nothing.
+engine request was admitted (its answer may arrive after the resume); any other abort is final
+(:mod:`~dressage.proxy.sessions` records it). Each session also counts the pauses since its first
+call: past ``--max-pauses-per-trajectory`` (0: no cap) its calls end with 409
+``max_pauses_exceeded`` and the session is marked to train nothing (``no_grad_reason`` in the
+store; the step that was cut short is recorded first).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
-from dressage.proxy.config import MAX_PAUSE_TIMEOUT_S
-from dressage.proxy.engine_client import EngineClient, EngineError, parse_version
-from dressage.proxy.errors import BadRequest, Conflict, EngineFailure, PauseCapExceeded
+from dressage.proxy.engine_answers import EngineError, parse_version
+from dressage.proxy.engine_client import EngineClient
+from dressage.proxy.errors import Conflict, EngineFailure, PauseCapExceeded
 from dressage.proxy.generation_controller import Generation
+from dressage.proxy.pause_requests import PauseRequest, ResumeRequest
 
-__all__ = [
-    "PAUSE_MODES",
-    "PauseController",
-    "PauseRequest",
-    "ResumeRequest",
-    "parse_partial_rollout_header",
-    "parse_pause_request",
-    "parse_resume_request",
-]
+__all__ = ["PauseController"]
 
 log = logging.getLogger(__name__)
 
-PAUSE_MODES = ("abort", "retract", "in_place")
 _SETTLE_S = 2.0
 """After the engine paused: how long aborted answers still in transit may take to arrive (a
 request admitted just before the pause may instead be held at the engine's own gate)."""
-_MAX_REASON = 500
-
-
-@dataclass(frozen=True)
-class PauseRequest:
-    reason: str
-    mode: str
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class ResumeRequest:
-    version: int | None
-    reason: str
-
-
-def _object(body: Any, allowed: set[str], what: str) -> dict[str, Any]:
-    if body is None:
-        return {}
-    if not isinstance(body, dict):
-        raise BadRequest(f"{what}: the body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise BadRequest(f"{what}: unknown fields {unknown}; allowed: {sorted(allowed)}")
-    return body
-
-
-def _reason(body: dict[str, Any], what: str) -> str:
-    reason = body.get("reason", "")
-    if reason is None:
-        return ""
-    if not isinstance(reason, str) or len(reason) > _MAX_REASON:
-        raise BadRequest(
-            f"{what}: reason must be a string of at most {_MAX_REASON} characters",
-            param="reason",
-        )
-    return reason
-
-
-def parse_pause_request(body: Any, *, default_timeout_s: float) -> PauseRequest:
-    """``{"reason"?, "mode"?, "timeout_seconds"?}``; anything else is a 400 naming the field."""
-    data = _object(body, {"reason", "mode", "timeout_seconds"}, "pause")
-    mode = data.get("mode", "abort")
-    if mode not in PAUSE_MODES:
-        raise BadRequest(
-            f"pause: unknown mode {mode!r}; use one of {list(PAUSE_MODES)}",
-            param="mode",
-            code="invalid_mode",
-        )
-    timeout = data.get("timeout_seconds", default_timeout_s)
-    if timeout is None:
-        timeout = default_timeout_s
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or not 0 < timeout <= MAX_PAUSE_TIMEOUT_S
-    ):
-        raise BadRequest(
-            f"pause: timeout_seconds must be a number in (0, {MAX_PAUSE_TIMEOUT_S:.0f}], "
-            f"got {timeout!r}",
-            param="timeout_seconds",
-            code="invalid_timeout",
-        )
-    return PauseRequest(reason=_reason(data, "pause"), mode=str(mode), timeout_s=float(timeout))
-
-
-def parse_partial_rollout_header(value: str | None) -> bool:
-    """A chat call's ``X-Dressage-Partial-Rollout``: ``1`` asks partial rollout of the call;
-    ``0`` or no header asks nothing (the proxy's switch and the session's flag still apply, so
-    a call cannot turn them off). Anything else is a 400 naming the header."""
-    if value is None:
-        return False
-    text = value.strip()
-    if text not in ("0", "1"):
-        raise BadRequest(
-            f"header {PARTIAL_ROLLOUT_HEADER} must be 0 or 1, got {value[:40]!r}",
-            param=PARTIAL_ROLLOUT_HEADER,
-            code="invalid_header",
-        )
-    return text == "1"
-
-
-def parse_resume_request(body: Any) -> ResumeRequest:
-    """``{"version"?, "reason"?}``: version a non-negative integer (or its decimal string)."""
-    data = _object(body, {"version", "reason"}, "resume")
-    raw = data.get("version")
-    version: int | None = None
-    if raw is not None:
-        ok = isinstance(raw, int) and not isinstance(raw, bool)
-        ok = ok or (isinstance(raw, str) and raw.strip().isdigit())
-        version = parse_version(raw) if ok else -1
-        if version < 0:
-            raise BadRequest(
-                f"resume: version must be a non-negative integer, got {raw!r}",
-                param="version",
-                code="invalid_version",
-            )
-    return ResumeRequest(version=version, reason=_reason(data, "resume"))
 
 
 class PauseController:

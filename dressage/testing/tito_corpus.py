@@ -7,7 +7,7 @@ canonical BPE path, an output cut off inside an emoji's bytes, numbers and JSON 
 parser normalises, and reasoning that the stock template drops from earlier turns or that the
 OpenAI SDK does not send back. ``tests/proxy/tito`` and ``bench/tito.py`` replay it::
 
-    from dressage.proxy.tito.corpus import qwen35_drift_corpus
+    from dressage.testing.tito_corpus import qwen35_drift_corpus
 """
 
 from __future__ import annotations

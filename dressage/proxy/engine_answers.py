@@ -1,0 +1,209 @@
+"""What the engine's ``/generate`` answers hold, read into :class:`EngineOutput`, and the engine
+errors (docs/sglang.md sections 1 and 7).
+
+    out = read_output(json.loads(body), "req-1", url)           # a whole answer
+    async for out in read_stream(response.lines(), "req-1", url): ...   # SSE chunks: new tokens
+
+An answer's ``meta_info.output_token_logprobs`` are ``[logprob, id, text]`` triples, its
+``finish_reason`` is ``{"type": "stop"|"length"|"abort", ...}`` (an abort with an error status is
+an error, not a partial output), and its tokens' weight versions are the ``weight_versions`` spans
+(SGLang >= 0.5.23) or else the answer's ``weight_version``. Streams are cumulative unless the
+server streams increments; both read the same. How the answers are fetched (connections, retries,
+the router) is :mod:`~dressage.proxy.engine_client`'s part.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "EngineError",
+    "EngineOutput",
+    "EngineRejectedError",
+    "EngineUnavailableError",
+    "error_message",
+    "parse_version",
+    "read_output",
+    "read_stream",
+    "token_versions",
+]
+
+
+class EngineError(Exception):
+    """The engine did not produce an output; ``status`` is what the agent should get."""
+
+    status = 502
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(f"engine at {url}: {message}")
+        self.url = url
+        self.detail = message
+        self.partial_generation: Any = None
+        """Set by the generation controller when the failure interrupted a call that had
+        produced tokens already (a ``Generation``), so that the session can record them."""
+
+
+class EngineUnavailableError(EngineError):
+    """No connection, or no worker behind the router, after every retry."""
+
+    status = 503
+
+
+class EngineRejectedError(EngineError):
+    """The engine answered with an error status (a 4xx is the request's fault)."""
+
+    def __init__(self, url: str, status: int, message: str) -> None:
+        super().__init__(url, f"HTTP {status}: {message}")
+        self.engine_status = status
+        self.status = status if 400 <= status < 500 else 502
+
+
+def parse_version(value: Any) -> int:
+    """A weight version as an int: integer strings parse, anything else (``"default"``) is 0."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+    return 0
+
+
+@dataclass(slots=True)
+class EngineOutput:
+    """One ``/generate`` answer, or, streaming, the part of it that arrived with one chunk."""
+
+    rid: str
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """Weight version of each output token (from ``weight_versions`` spans, else the answer's
+    ``weight_version``; see :func:`parse_version`)."""
+    finish: dict[str, Any] | None = None
+    """SGLang's ``finish_reason`` object; None while a stream is running."""
+    weight_version: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+def _triples(meta: dict[str, Any], rid: str, url: str) -> tuple[list[int], list[float]]:
+    triples = meta.get("output_token_logprobs")
+    if not isinstance(triples, list):
+        raise EngineError(url, f"request {rid}: meta_info has no output_token_logprobs")
+    try:
+        return [int(t[1]) for t in triples], [float(t[0]) for t in triples]
+    except (TypeError, ValueError, IndexError) as exc:
+        raise EngineError(url, f"request {rid}: malformed output_token_logprobs ({exc})") from None
+
+
+def token_versions(meta: dict[str, Any], start: int, count: int) -> list[int]:
+    """Versions of output tokens ``start .. start+count`` (0.5.23 spans when present)."""
+    spans = meta.get("weight_versions")
+    default = parse_version(meta.get("weight_version"))
+    if not isinstance(spans, list) or not spans:
+        return [default] * count
+    out = [default] * count
+    for span in spans:
+        if not isinstance(span, dict):
+            continue
+        version = parse_version(span.get("version"))
+        lo = max(int(span.get("start", 0)), start)
+        hi = min(int(span.get("end", 0)), start + count)
+        for k in range(lo, hi):
+            out[k - start] = version
+    return out
+
+
+def error_message(body: bytes) -> str:
+    """The message of any SGLang / router error shape (docs/sglang.md sections 6, 7)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:500] or "(empty body)"
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, str):
+            return error
+        if isinstance(error, dict):
+            code = error.get("code")
+            message = str(error.get("message", error))
+            return f"{message} ({code})" if isinstance(code, str) else message
+        if "message" in data:
+            return str(data["message"])
+        if "detail" in data:
+            return str(data["detail"])
+    return str(data)[:500]
+
+
+def read_output(data: Any, rid: str, url: str) -> EngineOutput:
+    """A whole (non-streamed) ``/generate`` answer of request ``rid`` from the engine at ``url``."""
+    if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
+        raise EngineError(url, f"request {rid}: unexpected /generate answer {data!r:.200}")
+    meta = data["meta_info"]
+    ids, logprobs = _triples(meta, rid, url)
+    return _output(meta, rid, url, ids, logprobs, start=0)
+
+
+async def read_stream(
+    lines: AsyncIterator[bytes], rid: str, url: str
+) -> AsyncIterator[EngineOutput]:
+    """A streamed answer's SSE lines as each chunk's new tokens; the last carries ``finish``."""
+    received = 0
+    async for line in lines:
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            break
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            raise EngineError(url, f"request {rid}: bad stream chunk {payload!r:.200}") from None
+        if isinstance(data, dict) and "error" in data:
+            raise EngineRejectedError(url, 400, error_message(payload))
+        if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
+            raise EngineError(url, f"request {rid}: unexpected chunk {data!r:.200}")
+        meta = data["meta_info"]
+        ids, logprobs = _triples(meta, rid, url)
+        count = meta.get("completion_tokens")
+        # Cumulative chunks (SGLang's default) repeat every token so far; incremental ones
+        # (--incremental-streaming-output) carry only the new ones, with a cumulative count.
+        start = received if count is None or count == len(ids) else 0
+        out = _output(meta, rid, url, ids[start:], logprobs[start:], start=received)
+        yield out
+        received += len(out.output_ids)
+        if out.finish is not None:
+            return
+    raise EngineError(url, f"request {rid}: the stream ended without a finish_reason")
+
+
+def _output(
+    meta: dict[str, Any], rid: str, url: str, ids: list[int], logprobs: list[float], *, start: int
+) -> EngineOutput:
+    """``ids`` (output tokens ``start ..`` of the answer) with what ``meta`` says of them."""
+    finish = meta.get("finish_reason")
+    _raise_for_error_abort(finish, url, rid)
+    return EngineOutput(
+        rid=rid,
+        output_ids=ids,
+        logprobs=logprobs,
+        versions=token_versions(meta, start, len(ids)),
+        finish=finish if isinstance(finish, dict) else None,
+        weight_version=str(meta.get("weight_version", "")),
+        prompt_tokens=meta.get("prompt_tokens"),
+        cached_tokens=meta.get("cached_tokens"),
+    )
+
+
+def _raise_for_error_abort(finish: Any, url: str, rid: str) -> None:
+    """An abort that carries an error status is a failure, not a partial output (section 7)."""
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        status = finish.get("status_code")
+        if isinstance(status, int) and status >= 400:
+            message = str(finish.get("message") or "aborted")
+            if status == 503:
+                raise EngineUnavailableError(url, f"request {rid}: {message}")
+            raise EngineRejectedError(url, status, f"request {rid}: {message}")
