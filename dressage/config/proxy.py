@@ -3,7 +3,9 @@
     dressage-proxy --engine-url http://127.0.0.1:30000 --store-dir ./proxy-store
 
 Every flag has a ``DRESSAGE_PROXY_*`` variable behind it (``dressage env`` lists them); a flag
-that is given wins over its variable, a variable over the default. ``--engine-admin-key`` reads
+that is given wins over its variable, a variable over the default: pydantic-settings layers them
+(:class:`ProxySettings`, flags as its init values, over :data:`PROXY_ENV`'s variables, over
+:class:`ProxyConfig`'s defaults, each written once, on its field). ``--engine-admin-key`` reads
 ``DRESSAGE_ENGINE_ADMIN_KEY``, the variable the embedded engine itself reads, so one export
 serves both; the proxy sends it on the engine's control routes (abort, pause, continue) and
 ``--engine-api-key`` everywhere else (and on control routes too when there is no admin key:
@@ -30,22 +32,34 @@ that was never resumed ends by itself. The first three are recorded in every seg
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from dressage.auth import check_key, is_loopback
-from dressage.config.env import declare, env_bool, env_float, env_int, env_secret, env_str
-from dressage.proxy.tito import MODEL_TYPE_SPELLINGS, canonical_model_type
+from dressage.config.env import declare, env_secret
+from dressage.config.tito_families import MODEL_TYPE_SPELLINGS, canonical_model_type
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "DEFAULT_PAUSE_TIMEOUT_S",
     "MAX_PAUSE_TIMEOUT_S",
+    "PROXY_ENV",
     "ProxyConfig",
     "ProxyConfigError",
+    "ProxySettings",
     "config_from_argv",
+    "config_from_mapping",
     "parser",
 ]
 
@@ -54,132 +68,13 @@ DEFAULT_MAX_TOKENS = 4096
 model cannot generate to the end of a 32k context (minutes on a CPU); a call that needs more
 says so with ``max_tokens``."""
 
+DEFAULT_PAUSE_TIMEOUT_S = 300.0
+"""A rollout pause that is never resumed ends by itself after this long (the proxy's default,
+and the trainer's pause client's: both read ``DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC``)."""
+
 MAX_PAUSE_TIMEOUT_S = 86400.0
 """Longest a rollout pause may last before it ends by itself (one day: anything longer is a
 mistake, not a weight update)."""
-
-# field -> its DRESSAGE_* variable (the admin and API keys, and the engine's admin key, are
-# declared in dressage.config.env)
-_ENV_NAMES: dict[str, str] = {
-    "admin_key": "DRESSAGE_PROXY_ADMIN_KEY",
-    "api_key": "DRESSAGE_PROXY_API_KEY",
-    "engine_admin_key": "DRESSAGE_ENGINE_ADMIN_KEY",
-}
-_FLAGS = {
-    "admin_key": "--admin-key",
-    "api_key": "--api-key",
-    "engine_api_key": "--engine-api-key",
-    "engine_admin_key": "--engine-admin-key",
-}
-"""The key fields, each with its flag (their variables are in ``_ENV_NAMES``)."""
-
-
-def _declare(field: str, name: str, default: str | None, doc: str) -> None:
-    declare(name, default, doc)
-    _ENV_NAMES[field] = name
-
-
-_declare(
-    "engine_url",
-    "DRESSAGE_PROXY_ENGINE_URL",
-    "http://127.0.0.1:30000",
-    "Engine the proxy generates with: an SGLang router, an SGLang server or the embedded one.",
-)
-_declare(
-    "engine_api_key",
-    "DRESSAGE_PROXY_ENGINE_API_KEY",
-    None,
-    "Bearer key the proxy sends to the engine.",
-)
-_declare(
-    "engine_timeout_s",
-    "DRESSAGE_PROXY_ENGINE_TIMEOUT_SEC",
-    "1800",
-    "Longest one engine /generate call may take.",
-)
-_declare(
-    "engine_retries",
-    "DRESSAGE_PROXY_ENGINE_RETRIES",
-    "4",
-    "Retries (with backoff) of an engine call that cannot connect or finds no worker.",
-)
-_declare("host", "DRESSAGE_PROXY_HOST", "127.0.0.1", "Address the proxy listens on.")
-_declare("port", "DRESSAGE_PROXY_PORT", "8000", "Port the proxy listens on (0: a free one).")
-_declare(
-    "store_dir",
-    "DRESSAGE_PROXY_STORE_DIR",
-    "dressage-proxy-store",
-    "Folder of the proxy's durable trajectory store (its append-only log).",
-)
-_declare(
-    "store_fsync",
-    "DRESSAGE_PROXY_STORE_FSYNC",
-    "0",
-    "fdatasync every store append before answering (survives power loss, not just kill -9).",
-)
-_declare(
-    "tokenizer_path",
-    "DRESSAGE_PROXY_TOKENIZER_PATH",
-    None,
-    "Tokenizer folder; default: the project's own tokenizer of the TITO family.",
-)
-_declare(
-    "token_build_mode",
-    "DRESSAGE_PROXY_TOKEN_BUILD_MODE",
-    "tito",
-    "tito (incremental) or snapshot (re-tokenize).",
-)
-_declare(
-    "tito_model",
-    "DRESSAGE_PROXY_TITO_MODEL",
-    "qwen3.5",
-    "TITO chat family: qwen3.5 (also spelled qwen3_5), qwen3, llama3, deepseek or generic.",
-)
-_declare(
-    "partial_rollout",
-    "DRESSAGE_PROXY_PARTIAL_ROLLOUT",
-    "0",
-    "Partial rollout: keep generating across weight updates (recorded in extra_info).",
-)
-_declare(
-    "record_token_versions",
-    "DRESSAGE_PROXY_RECORD_TOKEN_VERSIONS",
-    "0",
-    "Give segments a weight version per token (full_versions).",
-)
-_declare(
-    "mask_nonlast_version_tokens",
-    "DRESSAGE_PROXY_MASK_NONLAST_VERSION_TOKENS",
-    "0",
-    "Mask tokens not generated by a segment's last weight version (recorded in extra_info).",
-)
-_declare(
-    "max_pauses_per_trajectory",
-    "DRESSAGE_PROXY_MAX_PAUSES_PER_TRAJECTORY",
-    "16",
-    "Most rollout pauses one session may span; past it its calls fail (409) and the trajectory "
-    "trains nothing (0: no cap).",
-)
-# Declared in dressage.config.env (the async drivers read it too).
-_ENV_NAMES["pause_timeout_s"] = "DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC"
-_declare(
-    "max_request_bytes",
-    "DRESSAGE_PROXY_MAX_REQUEST_BYTES",
-    str(16 << 20),
-    "Largest request body the proxy accepts (larger: 413).",
-)
-_declare(
-    "served_model_name",
-    "DRESSAGE_PROXY_MODEL_NAME",
-    "dressage",
-    "Model id the proxy lists at /v1/models.",
-)
-_declare(
-    "default_max_tokens",
-    "DRESSAGE_PROXY_DEFAULT_MAX_TOKENS",
-    str(DEFAULT_MAX_TOKENS),
-    "max_new_tokens of a call that sets no max_tokens (within what the engine's context leaves).",
-)
 
 
 class ProxyConfigError(ValueError):
@@ -187,32 +82,103 @@ class ProxyConfigError(ValueError):
 
 
 class ProxyConfig(BaseModel):
-    """Everything ``dressage-proxy`` can be told (see the module docstring)."""
+    """Everything ``dressage-proxy`` can be told (see the module docstring).
+
+    Built directly (``ProxyConfig(engine_url=...)``), it reads no environment: tests and
+    in-process servers say what they mean; :func:`config_from_argv` layers flags and variables.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    engine_url: str = "http://127.0.0.1:30000"
-    engine_api_key: str | None = None
-    engine_admin_key: str | None = None
-    engine_timeout_s: float = Field(1800.0, gt=0)
-    engine_retries: int = Field(4, ge=0, le=20)
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    store_dir: Path = Path("dressage-proxy-store")
-    store_fsync: bool = False
-    tokenizer_path: str | None = None
-    token_build_mode: Literal["tito", "snapshot"] = "tito"
-    tito_model: str = "qwen3.5"
-    partial_rollout: bool = False
-    record_token_versions: bool = False
-    mask_nonlast_version_tokens: bool = False
-    max_pauses_per_trajectory: int = Field(16, ge=0)
-    pause_timeout_s: float = Field(300.0, gt=0, le=MAX_PAUSE_TIMEOUT_S)
-    admin_key: str | None = None
-    api_key: str | None = None
-    max_request_bytes: int = Field(16 << 20, ge=1024)
-    served_model_name: str = "dressage"
-    default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
+    engine_url: str = Field(
+        "http://127.0.0.1:30000",
+        description="Engine the proxy generates with: an SGLang router, an SGLang server or the "
+        "embedded one.",
+    )
+    engine_api_key: str | None = Field(
+        None, description="Bearer key the proxy sends to the engine."
+    )
+    engine_admin_key: str | None = Field(
+        None,
+        description="Key of the embedded engine's control routes (pause, abort, weight updates); "
+        "the engine needs one to start, and the proxy and the training job send it.",
+    )
+    engine_timeout_s: float = Field(
+        1800.0, gt=0, description="Longest one engine /generate call may take."
+    )
+    engine_retries: int = Field(
+        4,
+        ge=0,
+        le=20,
+        description="Retries (with backoff) of an engine call that cannot connect or finds no "
+        "worker.",
+    )
+    host: str = Field("127.0.0.1", description="Address the proxy listens on.")
+    port: int = Field(
+        8000, ge=0, le=65535, description="Port the proxy listens on (0: a free one)."
+    )
+    store_dir: Path = Field(
+        Path("dressage-proxy-store"),
+        description="Folder of the proxy's durable trajectory store (its append-only log).",
+    )
+    store_fsync: bool = Field(
+        False,
+        description="fdatasync every store append before answering (survives power loss, not "
+        "just kill -9).",
+    )
+    tokenizer_path: str | None = Field(
+        None,
+        description="Tokenizer folder; default: the project's own tokenizer of the TITO family.",
+    )
+    token_build_mode: Literal["tito", "snapshot"] = Field(
+        "tito", description="tito (incremental) or snapshot (re-tokenize)."
+    )
+    tito_model: str = Field(
+        "qwen3.5",
+        description="TITO chat family: qwen3.5 (also spelled qwen3_5), qwen3, llama3, deepseek or "
+        "generic.",
+    )
+    partial_rollout: bool = Field(
+        False,
+        description="Partial rollout: keep generating across weight updates (recorded in "
+        "extra_info).",
+    )
+    record_token_versions: bool = Field(
+        False, description="Give segments a weight version per token (full_versions)."
+    )
+    mask_nonlast_version_tokens: bool = Field(
+        False,
+        description="Mask tokens not generated by a segment's last weight version (recorded in "
+        "extra_info).",
+    )
+    max_pauses_per_trajectory: int = Field(
+        16,
+        ge=0,
+        description="Most rollout pauses one session may span; past it its calls fail (409) and "
+        "the trajectory trains nothing (0: no cap).",
+    )
+    pause_timeout_s: float = Field(
+        DEFAULT_PAUSE_TIMEOUT_S,
+        gt=0,
+        le=MAX_PAUSE_TIMEOUT_S,
+        description="A rollout pause that is never resumed ends by itself after this many seconds.",
+    )
+    admin_key: str | None = Field(
+        None, description="Admin key for the proxy's control/session endpoints."
+    )
+    api_key: str | None = Field(None, description="API key the proxy requires on chat endpoints.")
+    max_request_bytes: int = Field(
+        16 << 20, ge=1024, description="Largest request body the proxy accepts (larger: 413)."
+    )
+    served_model_name: str = Field(
+        "dressage", description="Model id the proxy lists at /v1/models."
+    )
+    default_max_tokens: int = Field(
+        DEFAULT_MAX_TOKENS,
+        ge=1,
+        description="max_new_tokens of a call that sets no max_tokens (within what the engine's "
+        "context leaves).",
+    )
 
     @field_validator("tito_model", mode="before")
     @classmethod
@@ -226,10 +192,10 @@ class ProxyConfig(BaseModel):
             raise ValueError(f"engine_url must be an http(s) URL, got {self.engine_url!r}")
         if self.tito_model == "generic" and not self.tokenizer_path:
             raise ValueError("tito_model 'generic' needs tokenizer_path (its chat template)")
-        for name, flag in _FLAGS.items():
+        for name, flag in _KEY_FLAGS.items():
             value = getattr(self, name)
             if value is not None:
-                check_key(value, f"{name} ({flag} or {_ENV_NAMES[name]})")
+                check_key(value, f"{name} ({flag} or {PROXY_ENV[name]})")
         if not is_loopback(self.host) and not self.admin_key:
             raise ValueError(
                 f"host {self.host!r} is not a loopback address: set an admin key "
@@ -254,6 +220,70 @@ class ProxyConfig(BaseModel):
             "record_token_versions": self.record_token_versions,
             "mask_nonlast_version_tokens": self.mask_nonlast_version_tokens,
         }
+
+
+_ENV_PREFIX = "DRESSAGE_PROXY_"
+PROXY_ENV: Mapping[str, str] = {
+    **{name: _ENV_PREFIX + name.upper() for name in ProxyConfig.model_fields},
+    "engine_timeout_s": "DRESSAGE_PROXY_ENGINE_TIMEOUT_SEC",
+    "pause_timeout_s": "DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC",
+    "served_model_name": "DRESSAGE_PROXY_MODEL_NAME",
+    # the variable the embedded engine itself reads, so that one export serves both
+    "engine_admin_key": "DRESSAGE_ENGINE_ADMIN_KEY",
+}
+"""Field -> its ``DRESSAGE_*`` variable."""
+_KEY_FLAGS = {
+    "admin_key": "--admin-key",
+    "api_key": "--api-key",
+    "engine_api_key": "--engine-api-key",
+    "engine_admin_key": "--engine-admin-key",
+}
+"""The key fields, each with its flag: never echoed in an error."""
+
+
+def _env_default(info: FieldInfo) -> str | None:
+    """A field's default as ``dressage env`` shows it (the way one would export it)."""
+    value = info.default
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+for _field, _info in ProxyConfig.model_fields.items():
+    declare(PROXY_ENV[_field], _env_default(_info), _info.description or "")
+
+
+class _ProxyEnv(EnvSettingsSource):
+    """``DRESSAGE_*`` variables by :data:`PROXY_ENV`'s names (three are not prefix + field)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        name = PROXY_ENV[field_name]
+        return self.env_vars.get(name), name, self.field_is_complex(field)
+
+
+class ProxySettings(ProxyConfig, BaseSettings):
+    """:class:`ProxyConfig` layered by pydantic-settings: init values (the flags that were
+    given) over the ``DRESSAGE_*`` variables over the defaults; an empty variable is unset."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid", frozen=True, case_sensitive=True, env_ignore_empty=True
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        env = _ProxyEnv(settings_cls, case_sensitive=True, env_ignore_empty=True)
+        return init_settings, env
 
 
 def parser() -> argparse.ArgumentParser:
@@ -299,55 +329,34 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-_BOOLS = {
-    "store_fsync",
-    "partial_rollout",
-    "record_token_versions",
-    "mask_nonlast_version_tokens",
-}
-_INTS = {
-    "engine_retries",
-    "port",
-    "max_request_bytes",
-    "default_max_tokens",
-    "max_pauses_per_trajectory",
-}
-_FLOATS = {"engine_timeout_s", "pause_timeout_s"}
-
-
-def _from_env(name: str, field: str) -> Any:
-    if field in _FLAGS:
-        return env_secret(name)
-    if field in _BOOLS:
-        return env_bool(name)
-    if field in _INTS:
-        return env_int(name)
-    if field in _FLOATS:
-        return env_float(name)
-    return env_str(name)
+def _describe(exc: ValidationError) -> str:
+    """Each problem with its field, its flag and variable, and the value (never a key's)."""
+    flags = {a.dest: a.option_strings[-1] for a in parser()._actions if a.option_strings}
+    problems = []
+    for error in exc.errors():
+        field = ".".join(map(str, error["loc"])) or "config"
+        text = f"{field}: {error['msg']}"
+        if field in PROXY_ENV:
+            given = error.get("input")
+            value = "" if field in _KEY_FLAGS else f"{given!r} from "
+            text += f" ({value}{flags.get(field, '--?')} or {PROXY_ENV[field]})"
+        problems.append(text)
+    return "; ".join(problems)
 
 
 def config_from_mapping(flags: Mapping[str, Any]) -> ProxyConfig:
-    """Flags (None = not given) over ``DRESSAGE_PROXY_*`` over the defaults, validated."""
-    values: dict[str, Any] = {}
-    for field, env_name in _ENV_NAMES.items():
-        given = flags.get(field)
-        if given is not None:
-            values[field] = given
-            continue
-        try:
-            from_env = _from_env(env_name, field)
-        except ValueError as exc:
-            raise ProxyConfigError(f"invalid proxy settings: {exc}") from None
-        if from_env is not None:
-            values[field] = from_env
+    """Flags (None = not given) over ``DRESSAGE_*`` over the defaults, validated."""
+    for field in _KEY_FLAGS:  # a key variable set but empty is an error, not "no key"
+        if flags.get(field) is None and os.environ.get(PROXY_ENV[field]) is not None:
+            try:
+                env_secret(PROXY_ENV[field])
+            except ValueError as exc:
+                raise ProxyConfigError(f"invalid proxy settings: {exc}") from None
+    given = {field: value for field, value in flags.items() if value is not None}
     try:
-        return ProxyConfig(**values)
+        return ProxySettings(**given)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ProxyConfigError(f"invalid proxy settings: {problems}") from None
+        raise ProxyConfigError(f"invalid proxy settings: {_describe(exc)}") from None
 
 
 def config_from_argv(argv: Sequence[str]) -> tuple[ProxyConfig, str]:

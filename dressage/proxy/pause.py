@@ -53,8 +53,8 @@ from typing import Any
 
 import httpx
 
+from dressage.config.proxy import DEFAULT_PAUSE_TIMEOUT_S, MAX_PAUSE_TIMEOUT_S
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
-from dressage.proxy.config import MAX_PAUSE_TIMEOUT_S
 from dressage.proxy.engine_client import EngineClient, EngineError, parse_version
 from dressage.proxy.errors import BadRequest, Conflict, EngineFailure, PauseCapExceeded
 from dressage.proxy.generation_controller import Generation
@@ -185,7 +185,7 @@ class PauseController:
         *,
         keep_partial: bool,
         max_pauses_per_trajectory: int = 0,
-        default_timeout_s: float = 300.0,
+        default_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.keep_partial = keep_partial

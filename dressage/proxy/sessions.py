@@ -63,7 +63,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from dressage.proxy.config import ProxyConfig
+from dressage.config.proxy import ProxyConfig
 from dressage.proxy.engine_client import EngineError
 from dressage.proxy.errors import (
     BadRequest,
