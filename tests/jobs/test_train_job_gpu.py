@@ -22,6 +22,7 @@ from tests.helpers import ENGINE_KEY, REPO
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.usefixtures("embedded_checkpoints"),
 ]
 
 ADMIN = "admin-key-for-the-gpu-job"
