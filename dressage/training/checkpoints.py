@@ -482,16 +482,8 @@ def _describe(problems: Iterable[Problem]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dressage.training.checkpoints [CONFIG]``: exit 1 listing every mismatch."""
-    parser = argparse.ArgumentParser(
-        prog="python -m dressage.training.checkpoints",
-        description="Compare a MOPD config's student and teacher checkpoints (metadata only).",
-    )
-    parser.add_argument(
-        "config",
-        nargs="?",
-        default=None,
-        help="MOPD config (default: $DRESSAGE_MOPD_TEACHER_CONFIG)",
-    )
+    parser = argparse.ArgumentParser(prog="python -m dressage.training.checkpoints")
+    parser.add_argument("config", nargs="?", help="default: $DRESSAGE_MOPD_TEACHER_CONFIG")
     args = parser.parse_args(argv)
     problems = validate_mopd_checkpoints(load_mopd_config(args.config))
     if problems:
