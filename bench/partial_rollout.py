@@ -38,9 +38,9 @@ import httpx
 import torch
 
 from dressage.assets import load_tokenizer, tiny_model_dir
+from dressage.config.proxy import ProxyConfig
 from dressage.engine.testing import serve_engine
 from dressage.proxy.client import ProxyClient
-from dressage.proxy.config import ProxyConfig
 from dressage.proxy.engine_answers import parse_version
 from dressage.proxy.testing import serve_proxy
 from dressage.proxy.tito import create_tito_tokenizer

@@ -2,7 +2,8 @@
 ### dressage_mopd: multi-teacher on-policy distillation, end to end
 
 **plan** checks the form's values (ranges, URLs: one sentence per value to fix) and fixes the
-run's folders → **validate** the MOPD config and checkpoints (fails closed, listing every
+run's folders → **prepare** builds the tiny teachers the config names that are not built yet
+(`tiny-sft:` only, once) → **validate** the MOPD config and checkpoints (fails closed, listing every
 problem) → **start_services**: the embedded engine and the recording proxy (a setup task; on
 the `ray` backend they run inside the job) → **prepare_job** writes the job's `run.json` →
 **train**: the async MOPD training job, with generation paused around weight updates, awaited

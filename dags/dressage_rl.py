@@ -1,7 +1,8 @@
 """
 ### dressage_rl: GRPO with partial rollout, end to end
 
-**plan** checks the form's values and fixes the run's folders → **validate** the config
+**plan** checks the form's values and fixes the run's folders → **prepare** builds the tiny
+teachers not built yet (`tiny-sft:` only, once) → **validate** the config
 (datasets, reward modules, routes) and the student checkpoint → **start_services**: the
 embedded engine and the recording proxy with partial rollout (a setup task; on the `ray`
 backend they run inside the job) → **prepare_job** writes `run.json` → **train**: the async

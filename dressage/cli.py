@@ -4,71 +4,77 @@
     dressage artifacts show URL         # a readable summary of an artifact folder
     dressage engine serve --model PATH  # the embedded SGLang-compatible engine
     dressage proxy serve --engine-url URL  # the recording proxy (same as dressage-proxy)
-    dressage mopd check CONFIG          # validate a MOPD config (teachers, datasets, routes)
+    dressage mopd check CONFIG...       # can this MOPD config train? (config, routes, checkpoints)
     dressage mopd launch ...            # build (and run) slime's MOPD command line
     dressage demo                       # dressage_mopd end to end through Airflow (make demo)
-    dressage assets                     # build the offline tokenizers and tiny model
+    dressage assets [--config CONFIG]   # build the offline tokenizers, tiny model, tiny teachers
     dressage env                        # the DRESSAGE_* variables and their defaults
 
-Each subcommand lives in the module that owns it and is imported only when it runs, so
+Each subcommand lives in the module that owns it, parses the rest of the command line with its
+own argparse parser (``dressage mopd check --help``) and is imported only when it runs, so
 ``dressage --help`` stays fast and light.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-# command path -> "module:function"; each function takes argv (the rest) and returns an exit code
-_COMMANDS: dict[tuple[str, ...], str] = {
-    ("artifacts", "validate"): "dressage.staging.cli:validate_main",
-    ("artifacts", "show"): "dressage.staging.cli:show_main",
-    ("engine", "serve"): "dressage.engine.cli:serve_main",
-    ("proxy", "serve"): "dressage.proxy.server:main",
-    ("mopd", "check"): "dressage.config.mopd:main",
-    ("mopd", "launch"): "dressage.launch.slime_command:main",
-    ("assets",): "dressage.assets.__main__:main_argv",
-    ("demo",): "dressage.airflow.demo:main",
-    ("env",): "dressage.cli:env_main",
+__all__ = ["env_main", "main"]
+
+# command path -> ("module:function", help); each function takes argv (the rest) and returns
+# an exit code
+_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("artifacts", "validate"): ("dressage.staging.cli:validate_main", "check an artifact folder"),
+    ("artifacts", "show"): ("dressage.staging.cli:show_main", "summarise an artifact folder"),
+    ("engine", "serve"): ("dressage.engine.cli:serve_main", "serve the embedded engine"),
+    ("proxy", "serve"): ("dressage.proxy.server:main", "serve the recording proxy"),
+    ("mopd", "check"): ("dressage.launch.preflight:main", "check MOPD configs"),
+    ("mopd", "launch"): ("dressage.launch.slime_command:main", "slime's MOPD command line"),
+    ("assets",): ("dressage.assets.__main__:main", "build the offline assets"),
+    ("demo",): ("dressage.airflow.demo:main", "dressage_mopd end to end through Airflow"),
+    ("env",): ("dressage.cli:env_main", "list the DRESSAGE_* variables"),
 }
 
 
 def env_main(argv: Sequence[str]) -> int:
-    import dressage.proxy.config  # noqa: F401  (declares the DRESSAGE_PROXY_* variables)
-    from dressage.config.env import ENV
+    """``dressage env``: every declared ``DRESSAGE_*`` variable, its default and meaning."""
+    argparse.ArgumentParser(prog="dressage env", description=env_main.__doc__).parse_args(argv)
+    from dressage.config.env import all_variables
 
-    for var in sorted(ENV.values(), key=lambda v: v.name):
+    for var in all_variables():
         print(f"{var.name}={var.default if var.default is not None else ''}\n    {var.doc}")
     return 0
 
 
-def _usage() -> str:
-    lines = ["usage: dressage COMMAND ...", "", "commands:"]
-    lines += [f"  dressage {' '.join(path)}" for path in _COMMANDS]
-    return "\n".join(lines)
-
-
-def _resolve(argv: Sequence[str]) -> tuple[Callable[[Sequence[str]], int], Sequence[str]] | None:
-    for depth in (2, 1):
-        key = tuple(argv[:depth])
-        if key in _COMMANDS:
-            module, func = _COMMANDS[key].split(":")
-            return getattr(importlib.import_module(module), func), argv[depth:]
-    return None
+def _parser() -> argparse.ArgumentParser:
+    """Command words only: a leaf takes no options of its own here (``add_help=False``), so
+    everything after it, ``--help`` included, reaches its module's parser."""
+    parser = argparse.ArgumentParser(
+        prog="dressage", description="Dressage: train black-box agents on slime."
+    )
+    groups = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    nested: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    for path, (target, help_text) in _COMMANDS.items():
+        if len(path) == 1:
+            leaf = groups.add_parser(path[0], help=help_text, add_help=False)
+        else:
+            if path[0] not in nested:
+                group = groups.add_parser(path[0], help=f"{path[0]} commands")
+                nested[path[0]] = group.add_subparsers(
+                    dest="subcommand", metavar="SUBCOMMAND", required=True
+                )
+            leaf = nested[path[0]].add_parser(path[1], help=help_text, add_help=False)
+        leaf.set_defaults(target=target)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in {"-h", "--help"}:
-        print(_usage())
-        return 0
-    found = _resolve(args)
-    if found is None:
-        print(f"dressage: unknown command {' '.join(args[:2])!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    func, rest = found
-    return int(func(rest) or 0)
+    args, rest = _parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    module, func = str(args.target).split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
 
 
 if __name__ == "__main__":

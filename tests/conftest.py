@@ -37,6 +37,18 @@ def tiny_model_path() -> Path:
     return tiny_model_dir()
 
 
+@pytest.fixture(scope="session")
+def embedded_checkpoints() -> list[Path]:
+    """The embedded default's tiny teachers and student, built once if missing (what
+    ``dressage assets --config configs/mopd/embedded.json`` and the DAGs' prepare task do):
+    resolving a checkpoint never trains one, so tests that resolve them build them first."""
+    from dressage.assets.checkpoints import build_checkpoint
+    from dressage.config.mopd import load_mopd_config
+
+    config = load_mopd_config(Path(__file__).parents[1] / "configs/mopd/embedded.json")
+    return [build_checkpoint(spec) for spec in config.built_specs()]
+
+
 @pytest.fixture
 def memory_fs() -> Iterator[None]:
     """A clean fsspec memory:// store for one test (it is process-global)."""

@@ -185,8 +185,8 @@ def checkpoint_accuracy(
     import secrets
     import tempfile
 
+    from dressage.config.proxy import ProxyConfig
     from dressage.engine.testing import serve_engine
-    from dressage.proxy.config import ProxyConfig
     from dressage.proxy.testing import serve_proxy
 
     key, engine_key = secrets.token_hex(16), secrets.token_hex(16)

@@ -38,6 +38,7 @@ __all__ = [
     "check_table",
     "load_validation",
     "plan_run",
+    "prepare_checkpoints",
     "prepare_job",
     "publish",
     "stage",
@@ -90,6 +91,37 @@ def plan_run(context: Context, *, objective: str, project_dir: Path) -> dict[str
         project_dir=project_dir,
     )
     return plan.model_dump(mode="json")
+
+
+def prepare_checkpoints(plan_data: Mapping[str, Any]) -> dict[str, Any]:
+    """Build the ``tiny-sft:`` teachers (and ``tiny:`` models) the run's config and student name
+    that are not built yet: the embedded default's one-time step, so that validation finds them
+    (it never trains). A checkpoint that is a folder is never built; a config that does not load
+    is left for ``validate`` to report."""
+    from dressage.assets.checkpoints import build_checkpoint, find_checkpoint, is_built_spec
+    from dressage.config.mopd import MopdConfigError, load_mopd_config
+
+    plan = RunPlan.model_validate(plan_data)
+    try:
+        specs = load_mopd_config(plan.mopd_config).built_specs()
+    except MopdConfigError as exc:
+        log.warning("prepare: the config does not load; validate reports why (%s)", exc)
+        return {"built": [], "found": []}
+    if plan.student and is_built_spec(plan.student):
+        specs = list(dict.fromkeys([*specs, plan.student]))
+    built, found = [], []
+    for spec in specs:
+        if find_checkpoint(spec) is not None:
+            found.append(spec)
+            continue
+        log.info("prepare: building %s (once; cached)", spec)
+        try:
+            log.info("prepare: %s -> %s", spec, build_checkpoint(spec))
+        except ValueError as exc:  # a malformed spec: validate names it
+            log.warning("prepare: %s", exc)
+            continue
+        built.append(spec)
+    return {"built": built, "found": found}
 
 
 def validate_run(plan_data: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """The training DAG's shape, shared by ``dags/dressage_mopd.py`` and ``dags/dressage_rl.py``.
 
-    plan -> validate -> start_services (setup) -> prepare_job -> train (deferrable)
+    plan -> prepare -> validate -> start_services (setup) -> prepare_job -> train (deferrable)
          -> stage -> check_segments, check_train_data -> publish (Assets)
     start_services -> stop_services (teardown) <- train
 
-Those 11 edges are the graph the UI draws. A task takes its direct upstream's result as its
+Those 12 edges are the graph the UI draws. ``prepare`` builds the embedded default's tiny
+teachers that are not built yet (``tiny-sft:`` specs only; once, cached), so that ``validate``,
+which never trains, finds them. A task takes its direct upstream's result as its
 argument and pulls what it needs from earlier tasks (the plan, the validation report, the
 services) from XCom inside the task, so that no edge is drawn for data that only travels
 along the chain. Each task is a line that calls :mod:`dressage.airflow.tasks`; a failure that
@@ -61,7 +63,12 @@ def training_dag(
         return story.guard(ctx, work)
 
     @quiet_task
-    def validate(run: Any, **context: Any) -> Any:
+    def prepare(run: Any, **context: Any) -> Any:
+        return story.guard(context, lambda: tasks.prepare_checkpoints(run))
+
+    @quiet_task
+    def validate(prepared: Any, **context: Any) -> Any:
+        run = _pull(context, "plan")
         return story.guard(context, lambda: tasks.validate_run(run))
 
     @setup
@@ -112,7 +119,7 @@ def training_dag(
         params=training_params(objective=objective),
     )
     def pipeline() -> None:
-        services = start_services(validate(plan()))
+        services = start_services(validate(prepare(plan())))
         train = TrainJobOperator(task_id="train", objective=objective, job=prepare_job(services))
         staged = stage(train.output)
         publish(check_segments(staged), check_train_data(staged))

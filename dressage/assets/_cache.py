@@ -22,6 +22,13 @@ def recipe_key(recipe: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def cached_path(kind: str, recipe: dict[str, Any]) -> Path | None:
+    """``<cache>/<kind>/<key>`` when a complete build of ``recipe`` is there, else None (never
+    builds: what checkpoint resolution uses for assets that take minutes to build)."""
+    final = cache_dir() / kind / recipe_key(recipe)
+    return final if (final / _DONE).exists() else None
+
+
 def cached_build(kind: str, recipe: dict[str, Any], build: Callable[[Path], None]) -> Path:
     """Return ``<cache>/<kind>/<key>``, running ``build(tmp_dir)`` once if it is missing.
 

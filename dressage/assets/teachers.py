@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dressage.assets._cache import cached_build
+from dressage.assets._cache import cached_build, cached_path
 from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ __all__ = [
     "Transcript",
     "TinyTeacherSpec",
     "answer_log_prob",
+    "cached_teacher_dir",
     "parse_teacher_spec",
     "teacher_transcripts",
     "tiny_teacher_dir",
@@ -359,17 +360,27 @@ def _agent_fingerprint() -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def tiny_teacher_dir(spec: TinyTeacherSpec) -> Path:
-    """Folder of the fine-tuned teacher (Hugging Face layout), built on first use."""
-    base_dir = tiny_model_dir(spec.base)
-    recipe = {
+def _recipe(spec: TinyTeacherSpec) -> dict[str, Any]:
+    """What a teacher's cache key is made of (its base model's folder names the base)."""
+    return {
         "kind": "tiny-sft-teacher",
         "version": _RECIPE_VERSION,
-        "base": base_dir.name,
+        "base": tiny_model_dir(spec.base).name,
         "agent": _agent_fingerprint(),
         **_spec_dict(spec),
     }
-    return cached_build("teachers", recipe, lambda out: _build(spec, base_dir, out))
+
+
+def tiny_teacher_dir(spec: TinyTeacherSpec) -> Path:
+    """Folder of the fine-tuned teacher (Hugging Face layout), built (trained) when missing."""
+    base_dir = tiny_model_dir(spec.base)
+    return cached_build("teachers", _recipe(spec), lambda out: _build(spec, base_dir, out))
+
+
+def cached_teacher_dir(spec: TinyTeacherSpec) -> Path | None:
+    """Folder of the teacher when it is built, else None: never trains (only the base tiny
+    model, a seeded random init, is built if missing)."""
+    return cached_path("teachers", _recipe(spec))
 
 
 def main(argv: list[str] | None = None) -> int:

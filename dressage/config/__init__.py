@@ -1,5 +1,14 @@
-"""Typed configuration: validated once at the edge, plain objects inside."""
+"""Typed configuration: validated once at the edge, plain objects inside.
 
+env.py            every DRESSAGE_* variable, its default and meaning (``dressage env``)
+proxy.py          the recording proxy's settings (flags over variables over defaults)
+tito_families.py  the TITO chat families' names, which the proxy's settings check
+mopd.py           the MOPD config (teachers, datasets, reward modules) and its checks
+mopd_files.py     reading a MOPD config file (placeholders, relative paths)
+problems.py       what validation reports
+"""
+
+from dressage.config import proxy as _proxy  # noqa: F401  (declares DRESSAGE_PROXY_*)
 from dressage.config.env import ENV, EnvVar, env_bool, env_float, env_int, env_str
 
 __all__ = ["ENV", "EnvVar", "env_bool", "env_float", "env_int", "env_str"]

@@ -1,8 +1,10 @@
 """Every ``DRESSAGE_*`` environment variable, its type, default and meaning, in one place.
 
 Code reads these through :func:`env_str`, :func:`env_int`, :func:`env_float` and :func:`env_bool`,
-which refuse names that are not declared here, so a typo fails loudly instead of silently falling
-back to a default. ``dressage env`` prints this table.
+which refuse names that are not declared, so a typo fails loudly instead of silently falling
+back to a default. The proxy's ``DRESSAGE_PROXY_*`` variables are declared from its settings'
+fields (:mod:`dressage.config.proxy`, imported with this package: each default written once,
+on its field). ``dressage env`` prints the table (:func:`all_variables`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,6 @@ _DECLARED = [
     ),
     EnvVar("DRESSAGE_PROXY_URL", None, "Base URL of the recording proxy, for rollout code."),
     EnvVar(
-        "DRESSAGE_PROXY_ADMIN_KEY", None, "Admin key for the proxy's control/session endpoints."
-    ),
-    EnvVar("DRESSAGE_PROXY_API_KEY", None, "API key the proxy requires on chat endpoints."),
-    EnvVar(
         "DRESSAGE_ENGINE_ADMIN_KEY",
         None,
         "Key of the embedded engine's control routes (pause, abort, weight updates); the engine "
@@ -41,11 +39,6 @@ _DECLARED = [
         "DRESSAGE_ENGINE_API_KEY",
         None,
         "Key the embedded engine requires on every route but health (SGLang's --api-key).",
-    ),
-    EnvVar(
-        "DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC",
-        "300",
-        "A rollout pause that is never resumed ends by itself after this many seconds.",
     ),
     EnvVar(
         "DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE",
@@ -77,6 +70,13 @@ def declare(name: str, default: str | None, doc: str) -> EnvVar:
     var = EnvVar(name, default, doc)
     ENV[name] = var
     return var
+
+
+def all_variables() -> list[EnvVar]:
+    """Every declared variable, by name (the proxy's included)."""
+    import dressage.config.proxy  # noqa: F401  (declares the DRESSAGE_PROXY_* variables)
+
+    return sorted(ENV.values(), key=lambda v: v.name)
 
 
 def _raw(name: str) -> str | None:

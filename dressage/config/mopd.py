@@ -17,11 +17,14 @@ be distilled from a teacher nobody chose. Path values may use ``${VAR}`` (an uns
 an error) and are resolved against the config file's folder when relative; ``tiny:seed=1`` (also
 ``vocab=qwen3``, ``hidden_size=32``, ...) names a tiny model from :mod:`dressage.assets`, and
 ``tiny-sft:task=calculator[,seed=0,steps=32,...]`` a tiny model fine-tuned on a task
-(:mod:`dressage.assets.teachers`), both built on first use by :meth:`MopdConfig.materialize`.
+(:mod:`dressage.assets.teachers`). :func:`resolve_checkpoint` (and :meth:`MopdConfig.materialize`)
+turn them into folders and never train: a tiny model is a seeded random init, built on first
+use; a teacher that is not built yet is a :class:`CheckpointNotBuiltError` naming the command
+that builds it (``dressage assets --config CONFIG``, or the training DAGs' ``prepare`` task).
 
-Check a config and a slime command line's options against the MOPD objective::
+Check a config (routes, rewards, checkpoints; the one check every caller runs)::
 
-    python -m dressage.config.mopd configs/mopd/embedded.json
+    dressage mopd check configs/mopd/embedded.json
 """
 
 from __future__ import annotations
@@ -32,9 +35,7 @@ import json
 import math
 import os
 import re
-import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -42,9 +43,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dressage.config.env import env_str
+from dressage.config.mopd_files import pydantic_problems, resolve_paths
+from dressage.config.problems import MopdConfigError, MopdReport, Problem
 
 __all__ = [
     "MOPD_HOOKS",
+    "CheckpointNotBuiltError",
     "DatasetSpec",
     "MopdConfig",
     "MopdConfigError",
@@ -84,7 +88,6 @@ _COROUTINE_HOOKS = {"custom_rm_path", "custom_generate_function_path"}
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class _Strict(BaseModel):
@@ -140,8 +143,12 @@ class MopdConfig(_Strict):
     student: StudentSpec | None = None
 
     def materialize(self) -> MopdConfig:
-        """A copy whose ``tiny:``/``tiny-sft:`` checkpoints are built and replaced by their
-        folders."""
+        """A copy whose ``tiny:``/``tiny-sft:`` checkpoints are replaced by their folders.
+
+        Raises:
+            CheckpointNotBuiltError: a ``tiny-sft:`` teacher is not built yet (never trained
+                here; see :func:`resolve_checkpoint`).
+        """
 
         def real(value: str | None) -> str | None:
             return None if value is None else str(resolve_checkpoint(value))
@@ -160,39 +167,14 @@ class MopdConfig(_Strict):
             )
         return self.model_copy(update={"teachers": teachers, "student": student})
 
-
-@dataclass(frozen=True)
-class Problem:
-    """One reason a run must not start; ``subject`` names the teacher, dataset or option."""
-
-    subject: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.subject}: {self.message}"
-
-
-class MopdConfigError(ValueError):
-    """Raised with every problem found, so one attempt shows everything to fix."""
-
-    def __init__(self, problems: Sequence[Problem], *, source: str = "MOPD run") -> None:
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{source} is invalid ({len(self.problems)} problem(s)):\n{lines}")
-
-
-@dataclass
-class MopdReport:
-    problems: list[Problem] = field(default_factory=list)
-    warnings: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def raise_if_failed(self, source: str = "MOPD run") -> None:
-        if self.problems:
-            raise MopdConfigError(self.problems, source=source)
+    def built_specs(self) -> list[str]:
+        """Every ``tiny:``/``tiny-sft:`` spec the student and the teachers name, in order, once
+        each: what ``dressage assets --config`` and the DAGs' ``prepare`` task build."""
+        named = [self.student.hf_checkpoint, self.student.ref_load] if self.student else []
+        for teacher in self.teachers.values():
+            named += [teacher.load, teacher.tokenizer]
+        specs = [v for v in named if v is not None and v.startswith(("tiny:", "tiny-sft:"))]
+        return list(dict.fromkeys(specs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,111 +198,44 @@ def load_mopd_config(path: str | Path | None = None) -> MopdConfig:
     try:
         config = MopdConfig.model_validate(data)
     except ValidationError as exc:
-        raise MopdConfigError(_pydantic_problems(exc, data), source=str(source)) from exc
+        raise MopdConfigError(pydantic_problems(exc, data), source=str(source)) from exc
     problems: list[Problem] = []
-    config = _resolve_paths(config, source.parent, problems)
+    config = resolve_paths(config, source.parent, problems)
     problems += _config_problems(config, check_paths=False)
     if problems:
         raise MopdConfigError(problems, source=str(source))
     return config
 
 
-def _pydantic_problems(exc: ValidationError, data: Any) -> list[Problem]:
-    out = []
-    for err in exc.errors():
-        loc = err["loc"]
-        subject = ".".join(str(p) for p in loc) or "config"
-        if len(loc) >= 2 and loc[0] == "datasets" and isinstance(loc[1], int):
-            try:
-                name = data["datasets"][loc[1]].get("name")
-            except (KeyError, IndexError, TypeError, AttributeError):
-                name = None
-            rest = ".".join(str(p) for p in loc[2:])
-            subject = f"dataset {name!r}" if name else f"datasets[{loc[1]}]"
-            subject += f" {rest}" if rest else ""
-        elif len(loc) >= 2 and loc[0] == "teachers":
-            rest = ".".join(str(p) for p in loc[2:])
-            subject = f"teacher {loc[1]!r}" + (f" {rest}" if rest else "")
-        out.append(Problem(subject, err["msg"]))
-    return out
+class CheckpointNotBuiltError(ValueError):
+    """A ``tiny-sft:`` teacher named by a config is not built: resolution never trains one."""
 
-
-def _expand(value: str, subject: str, base: Path, problems: list[Problem]) -> str:
-    def sub(match: re.Match[str]) -> str:
-        name = match.group(1)
-        found = os.environ.get(name)
-        if name == "DRESSAGE_CACHE_DIR" and not found:
-            from dressage.config.env import cache_dir
-
-            return str(cache_dir())
-        if not found:
-            problems.append(Problem(subject, f"${{{name}}} in {value!r} is not set"))
-            return match.group(0)
-        return found
-
-    expanded = _PLACEHOLDER.sub(sub, value)
-    if expanded.startswith(("tiny:", "tiny-sft:")) or "://" in expanded:
-        return expanded
-    path = Path(expanded).expanduser()
-    return str(path if path.is_absolute() else (base / path).resolve())
-
-
-def _resolve_paths(config: MopdConfig, base: Path, problems: list[Problem]) -> MopdConfig:
-    def fix(value: str | None, subject: str) -> str | None:
-        return None if value is None else _expand(value, subject, base, problems)
-
-    teachers = {
-        tid: t.model_copy(
-            update={
-                "load": fix(t.load, f"teacher {tid!r} load"),
-                "tokenizer": fix(t.tokenizer, f"teacher {tid!r} tokenizer"),
-            }
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        super().__init__(
+            f"{spec} is not built yet (resolving a checkpoint never trains one): build it with "
+            f"`dressage assets --checkpoint '{spec}'`, or every one a config names with "
+            "`dressage assets --config CONFIG` (the training DAGs' prepare task does the same)"
         )
-        for tid, t in config.teachers.items()
-    }
-    datasets = [
-        d.model_copy(
-            update={
-                "path": fix(d.path, f"dataset {d.name!r} path"),
-                "eval_path": fix(d.eval_path, f"dataset {d.name!r} eval_path"),
-            }
-        )
-        for d in config.datasets
-    ]
-    student = config.student
-    if student is not None:
-        student = student.model_copy(
-            update={
-                "hf_checkpoint": fix(student.hf_checkpoint, "student hf_checkpoint"),
-                "ref_load": fix(student.ref_load, "student ref_load"),
-            }
-        )
-    return config.model_copy(
-        update={"teachers": teachers, "datasets": datasets, "student": student}
-    )
 
 
 def resolve_checkpoint(value: str) -> Path:
-    """A checkpoint folder for a path, a ``tiny:key=value,...`` tiny-model spec or a
-    ``tiny-sft:task=...,key=value`` fine-tuned tiny-model spec."""
-    if value.startswith("tiny-sft:"):
-        from dressage.assets.teachers import parse_teacher_spec, tiny_teacher_dir
+    """The folder of a checkpoint path, a ``tiny:key=value,...`` tiny-model spec (a seeded random
+    init, built on first use) or a ``tiny-sft:task=...,key=value`` tiny teacher (found, never
+    trained).
 
-        return tiny_teacher_dir(parse_teacher_spec(value))
-    if not value.startswith("tiny:"):
+    Raises:
+        CheckpointNotBuiltError: a ``tiny-sft:`` teacher that is not built yet.
+        ValueError: a malformed spec (the message names the bad key).
+    """
+    if not value.startswith(("tiny:", "tiny-sft:")):
         return Path(value)
-    from dataclasses import fields as dc_fields
+    from dressage.assets.checkpoints import find_checkpoint
 
-    from dressage.assets import TinyModelSpec, tiny_model_dir
-
-    defaults = {f.name: f.default for f in dc_fields(TinyModelSpec)}
-    kwargs: dict[str, Any] = {}
-    for item in filter(None, value[len("tiny:") :].split(",")):
-        key, sep, raw = item.partition("=")
-        if not sep or key not in defaults:
-            raise ValueError(f"{value!r}: {item!r} is not key=value with key in {sorted(defaults)}")
-        kwargs[key] = int(raw) if isinstance(defaults[key], int) else raw
-    return tiny_model_dir(TinyModelSpec(**kwargs))
+    found = find_checkpoint(value)
+    if found is None:
+        raise CheckpointNotBuiltError(value)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,25 +446,3 @@ def mopd_args_defaults(**overrides: Any) -> SimpleNamespace:
     }
     values.update(overrides)
     return SimpleNamespace(**values)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dressage.config.mopd CONFIG``: check the config alone (no slime options)."""
-    paths = list(sys.argv[1:] if argv is None else argv)
-    try:
-        config = load_mopd_config(paths[0] if paths else None)
-    except MopdConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    report = validate_mopd_run(config, mopd_args_defaults(), check_imports=True)
-    for warning in report.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    if not report.ok:
-        print(MopdConfigError(report.problems, source="MOPD config"), file=sys.stderr)
-        return 1
-    print(f"ok: {len(config.teachers)} teacher(s), {len(config.datasets)} dataset(s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -36,7 +36,12 @@ import httpx
 from pydantic import ValidationError
 
 from dressage.config.env import env_secret, env_str
-from dressage.config.mopd import MopdConfigError, load_mopd_config, resolve_checkpoint
+from dressage.config.mopd import (
+    CheckpointNotBuiltError,
+    MopdConfigError,
+    load_mopd_config,
+    resolve_checkpoint,
+)
 from dressage.jobs.options import JobOptions, job_args
 from dressage.jobs.outputs import RunOutputs
 from dressage.launch.train_job import TrainRunConfig
@@ -122,9 +127,9 @@ def run_job(run_config: Path) -> dict[str, Any]:
     _check_service("proxy", run.proxy_url)
     try:
         config = load_mopd_config(run.mopd_config).materialize()
-    except MopdConfigError as exc:
+        student = resolve_checkpoint(run.student)
+    except (MopdConfigError, CheckpointNotBuiltError) as exc:  # never trained here
         raise JobConfigError(str(exc)) from None
-    student = resolve_checkpoint(run.student)
     teachers: dict[str, str] = {}
     if run.objective == "mopd":
         teachers = {tid: t.load for tid, t in config.teachers.items()}

@@ -12,8 +12,12 @@ Three parts, usable one by one (the validation DAG runs them as separate tasks):
 * :func:`checkpoint_problems`: the student and (for MOPD) every teacher checkpoint is present and
   readable, with the student's architecture, tokenizer and vocabulary.
 
-``python -m dressage.launch.preflight CONFIG [--student PATH] [--objective grpo]`` prints the
-JSON report and exits 1 when a problem is found.
+This is the one check of a MOPD config: ``dressage mopd check CONFIG...`` runs :func:`preflight`,
+the training DAGs' ``validate`` task runs it, and ``dressage_validate`` runs its three parts as
+three tasks. A ``tiny-sft:`` teacher that is not built yet is reported as not built (naming
+``dressage assets``), never trained here::
+
+    dressage mopd check configs/mopd/embedded.json [--student PATH] [--objective grpo] [--json]
 """
 
 from __future__ import annotations
@@ -125,17 +129,12 @@ def checkpoint_problems(
         return [
             Problem("student", "no checkpoint given (the student Param or config.student)")
         ], None
-    try:
-        materialized = config.materialize()
-        student_dir = resolve_checkpoint(chosen)
-    except (ValueError, OSError) as exc:
-        return [Problem("checkpoint spec", str(exc))], None
     problems: list[Problem] = []
-    if objective == "mopd":
-        problems += validate_mopd_checkpoints(materialized, hf_checkpoint=str(student_dir))
+    if objective == "mopd":  # each checkpoint under its own subject, a teacher not built too
+        problems += validate_mopd_checkpoints(config, hf_checkpoint=chosen)
     try:
-        info = inspect_checkpoint(student_dir)
-    except (CheckpointError, OSError) as exc:
+        info = inspect_checkpoint(resolve_checkpoint(chosen))
+    except (CheckpointError, ValueError, OSError) as exc:
         if objective != "mopd":  # for MOPD the comparison above already reported it
             problems.append(Problem("student", str(exc)))
         return problems, None
@@ -195,7 +194,7 @@ def skill_findings(
         return [], []
     try:
         found = teacher_skill_problems(config.materialize(), floor=floor)
-    except (ValueError, OSError):  # checkpoint_problems reports an unresolvable checkpoint
+    except (ValueError, OSError):  # checkpoint_problems reports an unresolvable or unbuilt one
         return [], []
     return (found, []) if required else ([], found)
 
@@ -231,10 +230,14 @@ def preflight(
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dressage.launch.preflight")
-    parser.add_argument("config")
-    parser.add_argument("--student", default=None)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dressage mopd check",
+        description="Check MOPD configs: the config, routes, rewards, checkpoints, teachers' "
+        "skill. Exit 1 listing every problem.",
+    )
+    parser.add_argument("configs", nargs="+", metavar="CONFIG", help="MOPD config JSON file(s)")
+    parser.add_argument("--student", default=None, help="student checkpoint (default: config's)")
     parser.add_argument("--objective", choices=["mopd", "grpo"], default="mopd")
     parser.add_argument(
         "--teacher-skill-floor",
@@ -247,16 +250,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="a teacher below the floor is a problem (default: a warning)",
     )
-    args = parser.parse_args(argv)
-    report = preflight(
-        args.config,
-        objective=args.objective,
-        student=args.student,
-        skill_floor=args.teacher_skill_floor,
-        require_skilled_teachers=args.require_skilled_teachers,
-    )
-    print(json.dumps(report.to_dict(), indent=2, default=str))
-    return 0 if report.ok else 1
+    parser.add_argument("--json", action="store_true", help="print each report as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``dressage mopd check CONFIG... [--student PATH] [--objective grpo] [--json]``: exit 0
+    when every config can train, 1 listing every problem of each (on stderr; ``--json``: each
+    report, one JSON object per line of stdout)."""
+    args = _parser().parse_args(argv)
+    failed = False
+    for path in args.configs:
+        report = preflight(
+            path,
+            objective=args.objective,
+            student=args.student,
+            skill_floor=args.teacher_skill_floor,
+            require_skilled_teachers=args.require_skilled_teachers,
+        )
+        failed |= not report.ok
+        if args.json:
+            print(json.dumps(report.to_dict(), default=str))
+            continue
+        for warning in report.warnings:
+            print(f"warning: {path}: {warning}", file=sys.stderr)
+        if report.ok:
+            print(
+                f"ok: {path}: {len(report.teachers)} teacher(s), {len(report.datasets)} dataset(s)"
+            )
+        else:
+            print(report.describe(), file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ STOPPED (ended after SIGTERM/SIGINT reached the group).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -29,13 +30,19 @@ def write_exit(path: Path, record: dict[str, object]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dressage.launch.supervisor",
+        usage="%(prog)s EXIT_JSON -- COMMAND...",
+        description="Run COMMAND, forward stop signals to it, write how it ended to EXIT_JSON.",
+    )
+    parser.add_argument("exit_json", type=Path, help="where the exit record is written")
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 3 or args[1] != "--":
-        print(
-            "usage: python -m dressage.launch.supervisor EXIT_JSON -- COMMAND...", file=sys.stderr
-        )
-        return 2
-    exit_path, command = Path(args[0]), args[2:]
+    # everything after the first "--" is the job's own command line, never parsed here
+    split = args.index("--") if "--" in args else len(args)
+    exit_path = parser.parse_args(args[:split]).exit_json
+    command = args[split + 1 :]
+    if not command:
+        parser.error("no COMMAND after --")
     stopping: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:

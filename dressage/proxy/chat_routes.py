@@ -30,8 +30,8 @@ from fastapi.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from dressage.config.proxy import ProxyConfig
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
-from dressage.proxy.config import ProxyConfig
 from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.errors import BadRequest, ClientClosedRequest, ProxyError
 from dressage.proxy.http_io import as_proxy_error, json_response, read_json

@@ -45,7 +45,7 @@ continues every worker (``/continue_generation``) and releases every held call; 
 than the proxy's is 409 and changes nothing; a resume while not paused is a 200 no-op
 (``was_paused: false``) that still syncs the version. A pause that is never resumed ends by
 itself after ``timeout_seconds`` (default ``--pause-timeout``, ``DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC``;
-at most :data:`~dressage.proxy.config.MAX_PAUSE_TIMEOUT_S`), with a warning. A pause the engine
+at most :data:`~dressage.config.proxy.MAX_PAUSE_TIMEOUT_S`), with a warning. A pause the engine
 refuses is a 503 naming the engine, and generation goes on. ``pause_state`` answers the state:
 paused or not, mode, reason, deadline, weight version, the calls parked, waiting and in flight,
 and the last pause and resume reports. All three routes take the admin key (when the proxy has
@@ -75,6 +75,7 @@ from typing import Any
 
 import httpx
 
+from dressage.config.proxy import DEFAULT_PAUSE_TIMEOUT_S
 from dressage.proxy.engine_answers import EngineError, parse_version
 from dressage.proxy.engine_client import EngineClient
 from dressage.proxy.errors import Conflict, EngineFailure, PauseCapExceeded
@@ -99,7 +100,7 @@ class PauseController:
         *,
         keep_partial: bool,
         max_pauses_per_trajectory: int = 0,
-        default_timeout_s: float = 300.0,
+        default_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.keep_partial = keep_partial

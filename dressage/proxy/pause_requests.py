@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dressage.config.proxy import MAX_PAUSE_TIMEOUT_S
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
-from dressage.proxy.config import MAX_PAUSE_TIMEOUT_S
 from dressage.proxy.engine_answers import parse_version
 from dressage.proxy.errors import BadRequest
 

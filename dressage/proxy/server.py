@@ -48,9 +48,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from dressage.auth import key_matches
+from dressage.config.proxy import ProxyConfig, ProxyConfigError, config_from_argv
 from dressage.proxy.chat_routes import SESSION_HEADERS, add_chat_routes
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
-from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv
 from dressage.proxy.encoding import install_encode_memo
 from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.engine_client import EngineClient

@@ -51,7 +51,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from dressage.proxy.config import ProxyConfig
+from dressage.config.proxy import ProxyConfig
 from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.errors import (
     BadRequest,

@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from dressage.config.proxy import ProxyConfig
 from dressage.health import wait_healthy
-from dressage.proxy.config import ProxyConfig
 from dressage.serve_thread import serve_on_thread
 
 __all__ = ["EngineReply", "ScriptedEngine", "serve_app", "serve_proxy"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dressage.proxy.config import ProxyConfig
+from dressage.config.proxy import ProxyConfig
 from dressage.proxy.engine_client import PromptIds
 from dressage.proxy.generation_controller import Generation
 from dressage.proxy.openai_api import ChatRequest

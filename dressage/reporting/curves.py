@@ -9,6 +9,7 @@ a thick dark one. Rendered with matplotlib's Agg backend (no display needed).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,11 +86,14 @@ def plot_curves(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2:
-        print("usage: python -m dressage.reporting.curves METRICS_JSONL OUT_PNG", file=sys.stderr)
-        return 2
-    print(plot_curves(read_metrics(args[0]), args[1]))
+    """``python -m dressage.reporting.curves METRICS_JSONL OUT_PNG``: plot, print the PNG's path."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dressage.reporting.curves", description="Plot a run's learning curves."
+    )
+    parser.add_argument("metrics", help="the run's metrics.jsonl")
+    parser.add_argument("out", help="the PNG to write")
+    args = parser.parse_args(argv)
+    print(plot_curves(read_metrics(args.metrics), args.out))
     return 0
 
 

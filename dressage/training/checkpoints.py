@@ -18,6 +18,7 @@ Check the checkpoints of a MOPD config::
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import struct
@@ -480,9 +481,11 @@ def _describe(problems: Iterable[Problem]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dressage.training.checkpoints CONFIG``: exit 1 listing every mismatch."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    problems = validate_mopd_checkpoints(load_mopd_config(args[0] if args else None))
+    """``python -m dressage.training.checkpoints [CONFIG]``: exit 1 listing every mismatch."""
+    parser = argparse.ArgumentParser(prog="python -m dressage.training.checkpoints")
+    parser.add_argument("config", nargs="?", help="default: $DRESSAGE_MOPD_TEACHER_CONFIG")
+    args = parser.parse_args(argv)
+    problems = validate_mopd_checkpoints(load_mopd_config(args.config))
     if problems:
         print(f"checkpoints are incompatible:\n{_describe(problems)}", file=sys.stderr)
         return 1

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from dressage.config.env import env_bool, env_float, env_str
+from dressage.config.proxy import DEFAULT_PAUSE_TIMEOUT_S
 from dressage.proxy.client import ProxyClientError, SyncProxyClient
 
 __all__ = ["RolloutPause", "RolloutPauseError", "update_weights_with_pause"]
@@ -47,7 +48,7 @@ class RolloutPause:
     admin_key: str | None = None
     enabled: bool = True
     required: bool = False
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S
     mode: str = "abort"
     events: list[dict[str, Any]] = field(default_factory=list)
     """One entry per update: the pause and resume reports (or the error), for metrics."""
@@ -62,7 +63,7 @@ class RolloutPause:
             admin_key=admin_key or env_str("DRESSAGE_PROXY_ADMIN_KEY"),
             enabled=env_bool("DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE"),
             required=env_bool("DRESSAGE_PROXY_PAUSE_REQUIRED"),
-            timeout_s=env_float("DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC") or 300.0,
+            timeout_s=env_float("DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC") or DEFAULT_PAUSE_TIMEOUT_S,
             mode=mode,
         )
 

@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 
 from dressage.agents import AgentResult, AgentTask, load_agent
 from dressage.agents.compacting import compact
-from dressage.proxy.config import DEFAULT_MAX_TOKENS
+from dressage.config.proxy import DEFAULT_MAX_TOKENS
 from dressage.proxy.tito import TITOTokenizer
 from dressage.trajectory import Segment
 from tests.agents.conftest import answer, tool_call

@@ -11,7 +11,7 @@ import pytest
 
 from tests.airflow import harness
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("embedded_checkpoints")]
 
 EMBEDDED = harness.REPO / "configs/mopd/embedded.json"
 

@@ -152,6 +152,7 @@ def test_builds_are_deterministic_and_cached(
 
 
 @pytest.mark.unit
+@pytest.mark.usefixtures("embedded_checkpoints")
 def test_the_configs_teachers_learned_their_task() -> None:
     """The embedded config's teachers: the loss fell, and on held-out instances each teacher
     gives its task's answers far more probability than the base did, and than the other task's

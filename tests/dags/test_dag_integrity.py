@@ -84,7 +84,8 @@ def test_tags_retries_docs_and_params(dag_id: str) -> None:
 # The README's diagram: data that travels along the chain draws no edge of its own.
 TRAINING_UPSTREAM = {
     "plan": set(),
-    "validate": {"plan"},
+    "prepare": {"plan"},
+    "validate": {"prepare"},
     "start_services": {"validate"},
     "prepare_job": {"start_services"},
     "train": {"prepare_job"},
@@ -97,12 +98,12 @@ TRAINING_UPSTREAM = {
 
 
 @pytest.mark.parametrize("dag_id", ["dressage_mopd", "dressage_rl"])
-def test_training_dags_draw_the_eleven_edges_of_the_readme(dag_id: str) -> None:
+def test_training_dags_draw_the_twelve_edges_of_the_readme(dag_id: str) -> None:
     dag = harness.dagbag().dags[dag_id]
     assert len(dag.task_dict) == len(TRAINING_UPSTREAM)
     upstream = {t.task_id: set(t.upstream_task_ids) for t in dag.tasks}
     assert upstream == TRAINING_UPSTREAM
-    assert sum(len(u) for u in upstream.values()) == 11
+    assert sum(len(u) for u in upstream.values()) == 12
     assert dag.get_task("start_services").is_setup
     assert dag.get_task("stop_services").is_teardown
     assert type(dag.get_task("train")).__name__ == "TrainJobOperator"

@@ -37,7 +37,7 @@ from dressage.types import Sample
 from tests.helpers import ENGINE_KEY, REPO
 from tests.proxy.conftest import running_proxy
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("embedded_checkpoints")]
 
 EMBEDDED = REPO / "configs/mopd/embedded.json"
 STEPS = 10

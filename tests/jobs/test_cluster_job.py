@@ -21,7 +21,7 @@ from dressage.jobs.train import main
 from dressage.launch.train_job import TrainRunConfig
 from tests.helpers import REPO, free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("embedded_checkpoints")]
 
 EMBEDDED = str(REPO / "configs/mopd/embedded.json")
 

@@ -13,15 +13,16 @@ import pytest
 import torch
 
 from dressage.config.mopd import resolve_checkpoint
+from dressage.config.proxy import ProxyConfig
 from dressage.engine.testing import serve_engine
 from dressage.launch.train_job import TrainRunConfig
-from dressage.proxy.config import ProxyConfig
 from dressage.proxy.testing import serve_proxy
 from tests.helpers import ENGINE_KEY, REPO
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.usefixtures("embedded_checkpoints"),
 ]
 
 ADMIN = "admin-key-for-the-gpu-job"

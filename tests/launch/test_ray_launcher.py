@@ -28,7 +28,7 @@ from dressage.launch.base import JobSpec, JobState, LaunchError, launcher_for
 from dressage.launch.ray_jobs import RayJobsLauncher
 from tests.helpers import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("embedded_checkpoints")]
 
 PY = sys.executable
 

@@ -29,7 +29,7 @@ from dressage.launch.slime_command import (
 )
 from tests.helpers import REPO
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("embedded_checkpoints")]
 
 EMBEDDED = str(REPO / "configs/mopd/embedded.json")
 LAUNCHER = REPO / "scripts/run_mopd_qwen3.5_sync.sh"

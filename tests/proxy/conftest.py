@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dressage.proxy.config import ProxyConfig
+from dressage.config.proxy import ProxyConfig
 from dressage.proxy.engine_client import EngineClient
 from dressage.proxy.testing import EngineReply, ScriptedEngine, serve_proxy
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer

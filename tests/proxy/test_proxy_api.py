@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dressage.proxy.config import ProxyConfig, ProxyConfigError, config_from_argv, parser
+from dressage.config.proxy import ProxyConfig, ProxyConfigError, config_from_argv, parser
 from dressage.proxy.errors import BadRequest
 from dressage.proxy.openai_api import (
     completion_response,

@@ -231,7 +231,7 @@ def test_keys_that_cannot_work_stop_the_proxy(
 
 @pytest.mark.unit
 def test_the_engine_key_comes_from_the_engines_own_variable(no_keys: pytest.MonkeyPatch) -> None:
-    from dressage.proxy.config import config_from_argv
+    from dressage.config.proxy import config_from_argv
 
     no_keys.setenv("DRESSAGE_ENGINE_ADMIN_KEY", ENGINE_KEY)
     config, _ = config_from_argv(["--engine-url", "http://127.0.0.1:9"])

@@ -23,7 +23,7 @@ import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.python import asgi
 
-from dressage.proxy.config import ProxyConfig
+from dressage.config.proxy import ProxyConfig
 from dressage.proxy.server import create_app
 from dressage.proxy.testing import EngineReply, ScriptedEngine
 from dressage.proxy.tito import TITOTokenizer

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dressage.proxy.config import DEFAULT_MAX_TOKENS, ProxyConfig
+from dressage.config.proxy import DEFAULT_MAX_TOKENS, ProxyConfig
 from dressage.proxy.testing import ScriptedEngine, serve_proxy
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
 from tests.proxy.conftest import Script

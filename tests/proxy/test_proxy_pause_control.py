@@ -17,8 +17,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from dressage.config.proxy import ProxyConfigError, config_from_argv
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER, ProxyClient, ProxyClientError
-from dressage.proxy.config import ProxyConfigError, config_from_argv
 from dressage.proxy.errors import BadRequest
 from dressage.proxy.pause_requests import parse_pause_request, parse_resume_request
 from dressage.proxy.tito import TITOTokenizer

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from openai._constants import DEFAULT_CONNECTION_LIMITS
 
-from dressage.proxy.config import ProxyConfig
+from dressage.config.proxy import ProxyConfig
 from dressage.proxy.engine_client import EngineClient
 from dressage.proxy.serving import KEEP_ALIVE_S, uvicorn_config
 from dressage.proxy.testing import serve_proxy

@@ -21,7 +21,7 @@ from dressage.training.checkpoints import (
 )
 from tests.helpers import REPO, free_port
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("embedded_checkpoints")]
 
 QWEN35_ROWS = 248128  # the tiny models' padded Qwen3.5 vocabulary
 QWEN3_ROWS = 151680

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
+from dressage.config.proxy import ProxyConfig
 from dressage.engine.testing import serve_engine
 from dressage.proxy.client import SyncProxyClient
-from dressage.proxy.config import ProxyConfig
 from dressage.proxy.testing import serve_proxy
 from dressage.proxy.tito import create_tito_tokenizer
 from dressage.rollout.partial_async_rollout import generate_rollout_partial_async

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from dressage.config.tito_families import MODEL_TYPE_SPELLINGS, MODEL_TYPES, canonical_model_type
 from dressage.proxy.tito.base import TITOTokenizer
 from dressage.proxy.tito.formats import FORMATS
 from dressage.proxy.tito.generic import GenericTITOTokenizer
@@ -98,30 +99,8 @@ _FAMILIES: dict[str, type[TemplateTITOTokenizer]] = {
     "llama3": Llama3TITOTokenizer,
     "deepseek": DeepSeekTITOTokenizer,
 }
-MODEL_TYPES: tuple[str, ...] = (*_FAMILIES, "generic")
-"""The canonical family names."""
-_CANONICAL: dict[str, str] = {
-    spelling: name
-    for name in MODEL_TYPES
-    for spelling in dict.fromkeys((name, name.replace(".", "_")))
-}
-MODEL_TYPE_SPELLINGS: tuple[str, ...] = tuple(_CANONICAL)
-"""Every accepted spelling: each canonical name, then its underscore form when it has a dot
-(``qwen3.5``, ``qwen3_5``, ``qwen3``, ...)."""
-
-
-def canonical_model_type(model_type: str) -> str:
-    """The canonical family name of any accepted spelling (``qwen3_5`` -> ``qwen3.5``).
-
-    Raises:
-        ValueError: not a known family; the message lists every accepted spelling.
-    """
-    try:
-        return _CANONICAL[model_type]
-    except KeyError:
-        raise ValueError(
-            f"unknown TITO model_type {model_type!r}; expected one of {list(MODEL_TYPE_SPELLINGS)}"
-        ) from None
+if MODEL_TYPES != (*_FAMILIES, "generic"):  # the names are configuration's vocabulary
+    raise ImportError(f"TITO families {[*_FAMILIES, 'generic']} != {list(MODEL_TYPES)}")
 
 
 def create_tito_tokenizer(

@@ -322,12 +322,31 @@ def test_runtime_env_keys_must_be_present(tmp_path: Path) -> None:
     assert validate_mopd_run(config, mopd_args_defaults(), environ=full, **kwargs).ok
 
 
-def test_cli_checks_a_config(capsys: pytest.CaptureFixture[str]) -> None:
-    from dressage.config.mopd import main
+@pytest.mark.usefixtures("embedded_checkpoints")
+def test_dressage_mopd_check_checks_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    from dressage.cli import main
 
-    assert main([str(EMBEDDED)]) == 0
-    assert "ok: 2 teacher(s), 2 dataset(s)" in capsys.readouterr().out
-    assert main([str(EXAMPLE)]) == 1  # its data files and user modules do not exist here
-    err = capsys.readouterr().err
+    assert main(["mopd", "check", str(EMBEDDED)]) == 0
+    assert f"ok: {EMBEDDED}: 2 teacher(s), 2 dataset(s)" in capsys.readouterr().out
+    assert main(["mopd", "check", str(EMBEDDED), str(EXAMPLE)]) == 1  # one of two fails
+    out, err = capsys.readouterr()
+    assert f"ok: {EMBEDDED}" in out and str(EXAMPLE) not in out
+    # its data files, user modules and checkpoints do not exist here
     assert "dataset 'alfworld_train': path /mnt/data/mopd/alfworld_train.jsonl" in err
     assert "runtime_env_keys 'SEARCH_API_KEY'" in err
+    assert main(["mopd", "check", str(EXAMPLE), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["config"] == str(EXAMPLE)
+
+
+def test_dressage_mopd_check_errors_go_through_argparse(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dressage.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["mopd", "check"])
+    assert info.value.code == 2 and "CONFIG" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["mopd", "check", "--help"])
+    assert info.value.code == 0 and "dressage mopd check" in capsys.readouterr().out

@@ -1,0 +1,76 @@
+"""Checkpoint specs that name a project-built model instead of a folder, found or built.
+
+    tiny:seed=1[,vocab=qwen3,hidden_size=32,...]     a tiny model (a seeded random init: seconds)
+    tiny-sft:task=calculator[,steps=32,...]          a tiny teacher (trained: minutes on a CPU)
+
+:func:`find_checkpoint` never trains: a ``tiny-sft:`` spec that was not built yet is None, so
+checkpoint resolution and validation report it as missing. :func:`build_checkpoint` builds one
+(``dressage assets --config CONFIG`` and the training DAGs' ``prepare`` task call it); a plain
+folder is never built, only named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir
+
+__all__ = [
+    "TEACHER_PREFIX",
+    "TINY_PREFIX",
+    "build_checkpoint",
+    "find_checkpoint",
+    "is_built_spec",
+    "parse_tiny_model_spec",
+]
+
+TINY_PREFIX = "tiny:"
+TEACHER_PREFIX = "tiny-sft:"
+
+
+def is_built_spec(value: str) -> bool:
+    """Whether ``value`` names a project-built model rather than a folder."""
+    return value.startswith((TINY_PREFIX, TEACHER_PREFIX))
+
+
+def parse_tiny_model_spec(value: str) -> TinyModelSpec:
+    """``tiny:seed=1,hidden_size=32`` -> :class:`TinyModelSpec`; unknown keys are an error."""
+    if not value.startswith(TINY_PREFIX):
+        raise ValueError(f"{value!r} does not start with {TINY_PREFIX!r}")
+    defaults = {f.name: f.default for f in fields(TinyModelSpec)}
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, value[len(TINY_PREFIX) :].split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep or key not in defaults:
+            raise ValueError(f"{value!r}: {item!r} is not key=value with key in {sorted(defaults)}")
+        kwargs[key] = int(raw) if isinstance(defaults[key], int) else raw
+    return TinyModelSpec(**kwargs)
+
+
+def find_checkpoint(value: str) -> Path | None:
+    """The folder ``value`` names: a plain path as given, a ``tiny:`` model (built if missing:
+    no training), a ``tiny-sft:`` teacher only when it is already built (else None)."""
+    if value.startswith(TEACHER_PREFIX):
+        from dressage.assets.teachers import cached_teacher_dir, parse_teacher_spec
+
+        return cached_teacher_dir(parse_teacher_spec(value))
+    if value.startswith(TINY_PREFIX):
+        return tiny_model_dir(parse_tiny_model_spec(value))
+    return Path(value)
+
+
+def build_checkpoint(value: str) -> Path:
+    """Build (once; cached) the model a ``tiny:`` or ``tiny-sft:`` spec names.
+
+    Raises:
+        ValueError: ``value`` is a plain path (never built here) or a malformed spec.
+    """
+    if value.startswith(TEACHER_PREFIX):
+        from dressage.assets.teachers import parse_teacher_spec, tiny_teacher_dir
+
+        return tiny_teacher_dir(parse_teacher_spec(value))
+    if value.startswith(TINY_PREFIX):
+        return tiny_model_dir(parse_tiny_model_spec(value))
+    raise ValueError(f"{value!r} is a checkpoint path, not a tiny: or tiny-sft: spec to build")

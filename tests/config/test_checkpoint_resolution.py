@@ -1,0 +1,58 @@
+"""Checkpoint resolution never trains: a tiny teacher that is not built is reported as not
+built, naming the command that builds it; building is its own step (``dressage assets``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dressage.assets.checkpoints import find_checkpoint
+from dressage.assets.teachers import cached_teacher_dir, parse_teacher_spec
+from dressage.config.mopd import CheckpointNotBuiltError, load_mopd_config, resolve_checkpoint
+from dressage.launch.preflight import checkpoint_problems
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.unit
+
+EMBEDDED = REPO / "configs/mopd/embedded.json"
+# a recipe nobody builds: resolving it used to fine-tune it (minutes), now it is only looked up
+UNBUILT = "tiny-sft:task=lookup,steps=3,examples=5,data_seed=91817"
+
+
+def test_an_unbuilt_teacher_is_not_trained_by_resolution() -> None:
+    assert cached_teacher_dir(parse_teacher_spec(UNBUILT)) is None
+    with pytest.raises(CheckpointNotBuiltError, match="dressage assets") as info:
+        resolve_checkpoint(UNBUILT)
+    assert info.value.spec == UNBUILT and UNBUILT in str(info.value)
+    assert find_checkpoint(UNBUILT) is None
+    assert cached_teacher_dir(parse_teacher_spec(UNBUILT)) is None  # still not built
+
+
+def test_materialize_names_the_unbuilt_teacher(tmp_path: Path) -> None:
+    data = json.loads(EMBEDDED.read_text())
+    data["teachers"]["lookup"]["load"] = UNBUILT
+    path = tmp_path / "mopd.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CheckpointNotBuiltError, match="task=lookup,steps=3"):
+        load_mopd_config(path).materialize()
+
+
+@pytest.mark.usefixtures("embedded_checkpoints")
+def test_validation_reports_the_unbuilt_teacher_under_its_name(tmp_path: Path) -> None:
+    data = json.loads(EMBEDDED.read_text())
+    data["teachers"]["lookup"]["load"] = UNBUILT
+    for ds in data["datasets"]:
+        ds["path"] = str(EMBEDDED.parent / ds["path"])
+        ds["eval_path"] = str(EMBEDDED.parent / ds["eval_path"])
+    path = tmp_path / "mopd.json"
+    path.write_text(json.dumps(data))
+    config = load_mopd_config(path)
+    assert config.built_specs()[-1] == UNBUILT
+    problems, vocab = checkpoint_problems(config, student=None, objective="mopd")
+    ((subject, message),) = [(p.subject, p.message) for p in problems]
+    assert subject == "teacher 'lookup'"
+    assert "is not built yet" in message and "dressage assets" in message
+    assert vocab and vocab > 100  # the student (built) was still inspected
+    assert cached_teacher_dir(parse_teacher_spec(UNBUILT)) is None
