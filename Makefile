@@ -48,7 +48,7 @@ airflow: venv
 
 ## make assets: build the offline Qwen tokenizers and the tiny model into the cache
 assets: venv
-	$(BIN)/python -m dressage.assets
+	$(BIN)/python -m dressage.tiny
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

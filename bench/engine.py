@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         result = _run(args.url, args)
     else:
-        from dressage.assets import tiny_model_dir
+        from dressage.tiny import tiny_model_dir
 
         model = args.model or str(tiny_model_dir())
         options: dict[str, Any] = {"device": args.device}

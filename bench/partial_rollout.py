@@ -37,13 +37,14 @@ from typing import Any
 import httpx
 import torch
 
-from dressage.assets import load_tokenizer, tiny_model_dir
+from dressage.assets import load_tokenizer
 from dressage.config.proxy import ProxyConfig
 from dressage.engine.testing import serve_engine
 from dressage.proxy.client import ProxyClient
 from dressage.proxy.engine_answers import parse_version
 from dressage.proxy.testing import serve_proxy
 from dressage.proxy.tito import create_tito_tokenizer
+from dressage.tiny import tiny_model_dir
 
 ADMIN = "bench-admin-key-123"
 ENGINE_KEY = "bench-engine-key-123"

@@ -7,7 +7,7 @@ the same 8 ideal agent transcripts of the two tasks (each tokenized by its own t
 the proxy's TITO), two vocabularies:
 
 - baseline: the real Qwen3.5 vocabulary (248k entries, :mod:`dressage.assets.tokenizers`);
-- ours: the 689-entry Qwen3.5-format task vocabulary (:mod:`dressage.assets.task_tokenizer`).
+- ours: the 689-entry Qwen3.5-format task vocabulary (:mod:`dressage.tiny.task_tokenizer`).
 
 Measured per vocabulary: a training step (forward, next-token loss at the assistant's tokens,
 logits only there as the trainers compute them, backward, AdamW), a scoring pass (the same
@@ -42,9 +42,9 @@ def _median_s(fn: Any, steps: int) -> float:
 def measure(vocab: str, steps: int, batch: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from dressage.assets.teachers import teacher_transcripts
-    from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir
-    from dressage.training.log_probs import causal_lm_hidden, output_embedding_module
+    from dressage.causal_lm import causal_lm_hidden, output_embedding_module
+    from dressage.tiny.model import TinyModelSpec, tiny_model_dir
+    from dressage.tiny.teachers import teacher_transcripts
 
     path = tiny_model_dir(TinyModelSpec(vocab=vocab))  # type: ignore[arg-type]
     data = teacher_transcripts(("calculator", "lookup"), batch, seed=0, tokenizer_dir=path)
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from dressage.assets.task_tokenizer import TASK_VOCAB
+    from dressage.tiny.task_tokenizer import TASK_VOCAB
 
     base = measure("qwen3.5", args.steps, args.batch)
     ours = measure(TASK_VOCAB, args.steps, args.batch)

@@ -33,7 +33,7 @@ _COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("proxy", "serve"): ("dressage.proxy.server:main", "serve the recording proxy"),
     ("mopd", "check"): ("dressage.launch.preflight:main", "check MOPD configs"),
     ("mopd", "launch"): ("dressage.launch.slime_command:main", "slime's MOPD command line"),
-    ("assets",): ("dressage.assets.__main__:main", "build the offline assets"),
+    ("assets",): ("dressage.tiny.__main__:main", "build the offline assets"),
     ("demo",): ("dressage.airflow.demo:main", "dressage_mopd end to end through Airflow"),
     ("env",): ("dressage.cli:env_main", "list the DRESSAGE_* variables"),
 }

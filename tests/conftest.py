@@ -32,7 +32,7 @@ def qwen35_tokenizer():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
-    from dressage.assets import tiny_model_dir
+    from dressage.tiny import tiny_model_dir
 
     return tiny_model_dir()
 
@@ -42,8 +42,8 @@ def embedded_checkpoints() -> list[Path]:
     """The embedded default's tiny teachers and student, built once if missing (what
     ``dressage assets --config configs/mopd/embedded.json`` and the DAGs' prepare task do):
     resolving a checkpoint never trains one, so tests that resolve them build them first."""
-    from dressage.assets.checkpoints import build_checkpoint
     from dressage.config.mopd import load_mopd_config
+    from dressage.tiny.checkpoints import build_checkpoint
 
     config = load_mopd_config(Path(__file__).parents[1] / "configs/mopd/embedded.json")
     return [build_checkpoint(spec) for spec in config.built_specs()]

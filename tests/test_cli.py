@@ -20,7 +20,7 @@ ENTRY_POINTS = [
     "dressage.launch.preflight",
     "dressage.airflow.demo",
     "dressage.agents.__main__",
-    "dressage.assets.__main__",
+    "dressage.tiny.__main__",
     "dressage.jobs.train",
 ]
 
@@ -41,7 +41,7 @@ def test_help_answers(module: str, capsys: pytest.CaptureFixture[str]) -> None:
         ("dressage.training.checkpoints", ["a.json", "b.json"]),
         ("dressage.launch.supervisor", ["exit.json", "no-separator"]),
         ("dressage.launch.supervisor", ["exit.json", "--"]),
-        ("dressage.assets.__main__", ["--colour", "red"]),
+        ("dressage.tiny.__main__", ["--colour", "red"]),
         ("dressage.cli", ["no-such-command"]),
     ],
 )

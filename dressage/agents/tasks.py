@@ -4,7 +4,7 @@
 
 The prompts follow the embedded default's datasets (``configs/mopd/data/*.jsonl``). Each
 instance knows its ``label`` and the one tool call that solves it (:attr:`TaskInstance.call`),
-which is what a teacher is fine-tuned to do (:mod:`dressage.assets.teachers`): call the tool,
+which is what a teacher is fine-tuned to do (:mod:`dressage.tiny.teachers`): call the tool,
 read the result, answer with it. Deterministic in ``seed``.
 """
 

@@ -98,8 +98,8 @@ def prepare_checkpoints(plan_data: Mapping[str, Any]) -> dict[str, Any]:
     that are not built yet: the embedded default's one-time step, so that validation finds them
     (it never trains). A checkpoint that is a folder is never built; a config that does not load
     is left for ``validate`` to report."""
-    from dressage.assets.checkpoints import build_checkpoint, find_checkpoint, is_built_spec
     from dressage.config.mopd import MopdConfigError, load_mopd_config
+    from dressage.tiny.checkpoints import build_checkpoint, find_checkpoint, is_built_spec
 
     plan = RunPlan.model_validate(plan_data)
     try:
@@ -160,10 +160,10 @@ def start_services(plan_data: Mapping[str, Any], report: Mapping[str, Any]) -> d
     if plan.backend == "ray":
         log.info("ray backend: the engines and the proxy run inside the job on the cluster")
         return {"launcher": None, "engine_url": None, "proxy_url": None, "submission_ids": []}
-    from dressage.config.mopd import resolve_checkpoint
     from dressage.launch.local import LocalLauncher
     from dressage.launch.services import ServicePlan
     from dressage.launch.services import start_services as start
+    from dressage.tiny.checkpoints import resolve_checkpoint
 
     launcher = LocalLauncher(plan.jobs_dir)
     service_plan = ServicePlan(

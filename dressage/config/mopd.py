@@ -15,12 +15,10 @@
 Every dataset names its teacher: there is no default teacher, by design, so a sample can never
 be distilled from a teacher nobody chose. Path values may use ``${VAR}`` (an unset variable is
 an error) and are resolved against the config file's folder when relative; ``tiny:seed=1`` (also
-``vocab=qwen3``, ``hidden_size=32``, ...) names a tiny model from :mod:`dressage.assets`, and
+``vocab=qwen3``, ``hidden_size=32``, ...) names a tiny model from :mod:`dressage.tiny`, and
 ``tiny-sft:task=calculator[,seed=0,steps=32,...]`` a tiny model fine-tuned on a task
-(:mod:`dressage.assets.teachers`). :func:`resolve_checkpoint` (and :meth:`MopdConfig.materialize`)
-turn them into folders and never train: a tiny model is a seeded random init, built on first
-use; a teacher that is not built yet is a :class:`CheckpointNotBuiltError` naming the command
-that builds it (``dressage assets --config CONFIG``, or the training DAGs' ``prepare`` task).
+(:mod:`dressage.tiny.teachers`). This module only reads and checks them;
+:func:`dressage.tiny.checkpoints.resolve_checkpoint` turns them into folders and never trains.
 
 Check a config (routes, rewards, checkpoints; the one check every caller runs)::
 
@@ -35,7 +33,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -48,7 +46,6 @@ from dressage.config.problems import MopdConfigError, MopdReport, Problem
 
 __all__ = [
     "MOPD_HOOKS",
-    "CheckpointNotBuiltError",
     "DatasetSpec",
     "MopdConfig",
     "MopdConfigError",
@@ -59,7 +56,6 @@ __all__ = [
     "UNSUPPORTED_SLIME_OPTIONS",
     "load_mopd_config",
     "mopd_args_defaults",
-    "resolve_checkpoint",
     "validate_mopd_run",
 ]
 
@@ -142,16 +138,14 @@ class MopdConfig(_Strict):
     runtime_env_keys: list[str] = Field(default_factory=list)
     student: StudentSpec | None = None
 
-    def materialize(self) -> MopdConfig:
-        """A copy whose ``tiny:``/``tiny-sft:`` checkpoints are replaced by their folders.
-
-        Raises:
-            CheckpointNotBuiltError: a ``tiny-sft:`` teacher is not built yet (never trained
-                here; see :func:`resolve_checkpoint`).
+    def materialize(self, resolve: Callable[[str], Path]) -> MopdConfig:
+        """A copy whose checkpoints are replaced by ``resolve(value)``: the folders that
+        ``tiny:``/``tiny-sft:`` specs name (:func:`dressage.tiny.checkpoints.resolve_checkpoint`,
+        which never trains and raises for a teacher that is not built yet).
         """
 
         def real(value: str | None) -> str | None:
-            return None if value is None else str(resolve_checkpoint(value))
+            return None if value is None else str(resolve(value))
 
         teachers = {
             tid: t.model_copy(update={"load": real(t.load), "tokenizer": real(t.tokenizer)})
@@ -205,37 +199,6 @@ def load_mopd_config(path: str | Path | None = None) -> MopdConfig:
     if problems:
         raise MopdConfigError(problems, source=str(source))
     return config
-
-
-class CheckpointNotBuiltError(ValueError):
-    """A ``tiny-sft:`` teacher named by a config is not built: resolution never trains one."""
-
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
-        super().__init__(
-            f"{spec} is not built yet (resolving a checkpoint never trains one): build it with "
-            f"`dressage assets --checkpoint '{spec}'`, or every one a config names with "
-            "`dressage assets --config CONFIG` (the training DAGs' prepare task does the same)"
-        )
-
-
-def resolve_checkpoint(value: str) -> Path:
-    """The folder of a checkpoint path, a ``tiny:key=value,...`` tiny-model spec (a seeded random
-    init, built on first use) or a ``tiny-sft:task=...,key=value`` tiny teacher (found, never
-    trained).
-
-    Raises:
-        CheckpointNotBuiltError: a ``tiny-sft:`` teacher that is not built yet.
-        ValueError: a malformed spec (the message names the bad key).
-    """
-    if not value.startswith(("tiny:", "tiny-sft:")):
-        return Path(value)
-    from dressage.assets.checkpoints import find_checkpoint
-
-    found = find_checkpoint(value)
-    if found is None:
-        raise CheckpointNotBuiltError(value)
-    return found
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Start a real embedded engine for a test or a script, and stop it afterwards.
 
-    from dressage.assets import tiny_model_dir
+    from dressage.tiny import tiny_model_dir
     from dressage.engine.testing import serve_engine
 
     with serve_engine(tiny_model_dir()) as url:        # e.g. "http://127.0.0.1:41237"

@@ -37,15 +37,14 @@ from pydantic import ValidationError
 
 from dressage.config.env import env_secret, env_str
 from dressage.config.mopd import (
-    CheckpointNotBuiltError,
     MopdConfigError,
     load_mopd_config,
-    resolve_checkpoint,
 )
 from dressage.jobs.options import JobOptions, job_args
 from dressage.jobs.outputs import RunOutputs
 from dressage.launch.train_job import TrainRunConfig
 from dressage.reporting.metrics import HELDOUT_KL_PREFIX as HELDOUT_KL
+from dressage.tiny.checkpoints import CheckpointNotBuiltError, resolve_checkpoint
 
 __all__ = ["JobConfigError", "main", "run_job"]
 
@@ -126,7 +125,7 @@ def run_job(run_config: Path) -> dict[str, Any]:
     _check_service("engine", run.engine_url)
     _check_service("proxy", run.proxy_url)
     try:
-        config = load_mopd_config(run.mopd_config).materialize()
+        config = load_mopd_config(run.mopd_config).materialize(resolve_checkpoint)
         student = resolve_checkpoint(run.student)
     except (MopdConfigError, CheckpointNotBuiltError) as exc:  # never trained here
         raise JobConfigError(str(exc)) from None

@@ -36,9 +36,9 @@ from dressage.config.mopd import (
     Problem,
     load_mopd_config,
     mopd_args_defaults,
-    resolve_checkpoint,
     validate_mopd_run,
 )
+from dressage.tiny.checkpoints import resolve_checkpoint
 
 __all__ = [
     "PreflightReport",
@@ -193,7 +193,7 @@ def skill_findings(
     if objective != "mopd":
         return [], []
     try:
-        found = teacher_skill_problems(config.materialize(), floor=floor)
+        found = teacher_skill_problems(config.materialize(resolve_checkpoint), floor=floor)
     except (ValueError, OSError):  # checkpoint_problems reports an unresolvable or unbuilt one
         return [], []
     return (found, []) if required else ([], found)

@@ -42,6 +42,7 @@ from dressage.config.mopd import (
 )
 from dressage.launch.mopd_run import ClusterLayout, MopdRunConfig
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
+from dressage.tiny.checkpoints import resolve_checkpoint
 
 __all__ = [
     "MopdJob",
@@ -108,7 +109,7 @@ def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = No
     config = load_mopd_config(run.mopd_config)  # raises with every config problem
     problems: list[Problem] = []
     try:
-        config = config.materialize()
+        config = config.materialize(resolve_checkpoint)
     except ValueError as exc:
         problems.append(Problem("checkpoint spec", str(exc)))
     student = config.student

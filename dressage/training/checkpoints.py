@@ -28,7 +28,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from dressage.config.mopd import MopdConfig, Problem, load_mopd_config, resolve_checkpoint
+from dressage.config.mopd import MopdConfig, Problem, load_mopd_config
+from dressage.tiny.checkpoints import resolve_checkpoint
 
 __all__ = [
     "CheckpointError",

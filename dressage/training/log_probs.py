@@ -26,22 +26,19 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from dressage.causal_lm import causal_lm_hidden, output_embedding_module, to_device
 from dressage.slime.hooks import load_function
 from dressage.training.megatron_path import megatron_active, slime_response_log_probs
 
 __all__ = [
     "LogProbFunction",
-    "causal_lm_hidden",
     "causal_lm_packed_logits",
     "causal_lm_response_log_probs",
     "chunk_rows",
-    "input_embedding_module",
     "log_prob_function",
-    "output_embedding_module",
     "response_log_probs",
     "response_positions",
     "token_entropy",
-    "to_device",
     "token_log_probs",
 ]
 
@@ -248,61 +245,6 @@ def log_prob_function(args: Namespace) -> LogProbFunction:
 
 
 # --- Hugging Face causal LMs -------------------------------------------------------------------
-
-
-def input_embedding_module(model: nn.Module) -> nn.Module:
-    """``model.get_input_embeddings()`` of a Hugging Face model, checked."""
-    module = getattr(model, "get_input_embeddings", lambda: None)()
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"{type(model).__name__} has no input embeddings (get_input_embeddings)")
-    return module
-
-
-def output_embedding_module(model: nn.Module) -> nn.Module:
-    """``model.get_output_embeddings()`` (the vocabulary projection), checked."""
-    module = getattr(model, "get_output_embeddings", lambda: None)()
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"{type(model).__name__} has no output embeddings (get_output_embeddings)")
-    return module
-
-
-def to_device(tensor: Tensor, device: torch.device) -> Tensor:
-    """Host-to-device copy that never blocks the host behind queued GPU work (pinned, async)."""
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
-
-
-def causal_lm_hidden(
-    model: nn.Module,
-    tokens: Sequence[Tensor],
-    *,
-    input_embeddings: Callable[[Tensor], Tensor] | None = None,
-) -> Tensor:
-    """Last hidden states of a right-padded batch, ``[B, L_max, H]``.
-
-    Runs ``model.base_model`` on ``inputs_embeds`` so the caller can supply the embeddings:
-    ``input_embeddings`` maps the CPU id matrix ``[B, L_max]`` to device embeddings (teacher
-    streaming gathers them from a CPU copy while the embedding matrix is in flight). Padding sits
-    after each sequence, so causal attention never sees it and positions start at 0.
-    """
-    device = next(model.parameters()).device
-    lengths = [int(t.numel()) for t in tokens]
-    width = max(lengths)
-    ids = torch.zeros(len(tokens), width, dtype=torch.long)
-    mask = torch.zeros(len(tokens), width, dtype=torch.long)
-    for i, t in enumerate(tokens):
-        ids[i, : lengths[i]] = t.reshape(-1).cpu()
-        mask[i, : lengths[i]] = 1
-    if input_embeddings is not None:
-        embeds = input_embeddings(ids)
-    else:
-        embeds = input_embedding_module(model)(to_device(ids, device))
-    attention = None if min(lengths) == width else to_device(mask, device)
-    base = cast(nn.Module, model.base_model)
-    out = base(inputs_embeds=embeds, attention_mask=attention, use_cache=False)
-    hidden: Tensor = out.last_hidden_state
-    return hidden
 
 
 def causal_lm_response_log_probs(

@@ -158,7 +158,7 @@ def compute_mopd_advantages(args: Namespace, rollout_data: MutableMapping[str, A
         raw_rewards=raw_rewards,
         sums_out=deferred_store() if defer else None,
     )
-    if defer:  # the slime actor combines and logs them after the step (log_helpers)
+    if defer:  # the slime actor combines and logs them after the step (mopd_metrics)
         return
     for key, value in metrics.items():
         rollout_data[key] = torch.tensor(value, dtype=torch.float32)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dressage.training.log_probs import to_device
+from dressage.causal_lm import to_device
 
 __all__ = ["CopyEngine", "CudaCopies", "InlineCopies", "LayerStreamer", "find_layer_list"]
 

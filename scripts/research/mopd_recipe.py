@@ -3,7 +3,7 @@
 A record of the recipe search behind issue 14, not part of the package and not a benchmark.
 Standalone (torch and transformers only) so it runs as is on the GPU machine; it re-implements
 the embedded default's two tasks (calculator, lookup), their ideal transcripts (token-identical
-to ``dressage.assets.teachers.teacher_transcripts``: checked on the first instances) and a
+to ``dressage.tiny.teachers.teacher_transcripts``: checked on the first instances) and a
 two-turn tool agent, plus auxiliary tool tasks (length, reverse, double) for a "generalist"
 base model. One run: pre-train the base on the auxiliary tasks, fine-tune one teacher per task
 from it, make students (the base plus K steps of supervised training on both tasks), then run
@@ -15,7 +15,7 @@ on-policy distillation from each student with either objective:
 
 Accuracy is greedy, through the two-turn loop with the task's own tool only. Run from a folder
 that holds ``tok/`` (the task vocabulary's tokenizer folder,
-``dressage.assets.task_tokenizer.task_tokenizer_dir()``)::
+``dressage.tiny.task_tokenizer.task_tokenizer_dir()``)::
 
     python mopd_recipe.py '{"rand_tools": true, "hidden": 128, "base_lr": 5e-3,
         "base_steps": 1000, "teacher_steps": 1000, "teacher_lr": 1e-2, "student_steps": [40],
@@ -531,7 +531,9 @@ if __name__ == "__main__":
         return {t: round(accuracy(m, evals[t][:64]), 3) for t in ts}
 
     # 1. base: aux pretraining
-    base = new_model(cfg.get("seed", 0), hidden, layers)
+    base = new_model(
+        cfg.get("seed", 0), hidden, layers, heads=cfg.get("heads", 4), kv=cfg.get("kv", 2)
+    )
     auxdata = [x for t in aux for x in data[t]]
     t1 = time.time()
     hist = sft(
@@ -560,7 +562,7 @@ if __name__ == "__main__":
             lr=cfg.get("teacher_lr", 3e-3),
             warm=10,
             seed=2,
-            log_every=100,
+            log_every=cfg.get("teacher_log_every", 100),
             evalf=lambda m: ev(m, ("calculator", "lookup")),
         )
         for h in hist:

@@ -93,8 +93,9 @@ def test_unskilled_teachers_warn_and_fail_when_skill_is_required(
     airflow_db: None, tmp_path: Path
 ) -> None:
     from dressage.config.mopd import load_mopd_config
+    from dressage.tiny.checkpoints import resolve_checkpoint
 
-    teachers = load_mopd_config(EMBEDDED).materialize().teachers
+    teachers = load_mopd_config(EMBEDDED).materialize(resolve_checkpoint).teachers
     measured = {
         tid: json.loads((Path(t.load) / "sft_report.json").read_text())["agent_accuracy"][tid]
         for tid, t in teachers.items()

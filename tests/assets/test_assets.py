@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dressage.assets import TinyModelSpec, load_tokenizer, tiny_model_dir
-from dressage.assets.tiny_model import _build
+from dressage.assets import load_tokenizer
+from dressage.tiny import TinyModelSpec, tiny_model_dir
+from dressage.tiny.model import _build
 
 pytestmark = pytest.mark.unit
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dressage.assets.checkpoints import find_checkpoint
-from dressage.assets.teachers import cached_teacher_dir, parse_teacher_spec
-from dressage.config.mopd import CheckpointNotBuiltError, load_mopd_config, resolve_checkpoint
+from dressage.config.mopd import load_mopd_config
 from dressage.launch.preflight import checkpoint_problems
+from dressage.tiny.checkpoints import CheckpointNotBuiltError, find_checkpoint, resolve_checkpoint
+from dressage.tiny.teachers import cached_teacher_dir, parse_teacher_spec
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
@@ -36,7 +36,7 @@ def test_materialize_names_the_unbuilt_teacher(tmp_path: Path) -> None:
     path = tmp_path / "mopd.json"
     path.write_text(json.dumps(data))
     with pytest.raises(CheckpointNotBuiltError, match="task=lookup,steps=3"):
-        load_mopd_config(path).materialize()
+        load_mopd_config(path).materialize(resolve_checkpoint)
 
 
 @pytest.mark.usefixtures("embedded_checkpoints")

@@ -16,9 +16,9 @@ from dressage.config.mopd import (
     MopdConfigError,
     load_mopd_config,
     mopd_args_defaults,
-    resolve_checkpoint,
     validate_mopd_run,
 )
+from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
@@ -129,7 +129,7 @@ def test_the_environment_variable_names_the_config(
 
 
 def test_tiny_checkpoint_specs_resolve_to_asset_folders() -> None:
-    from dressage.assets import TinyModelSpec, tiny_model_dir
+    from dressage.tiny import TinyModelSpec, tiny_model_dir
 
     assert resolve_checkpoint("tiny:seed=1") == tiny_model_dir(TinyModelSpec(seed=1))
     assert resolve_checkpoint("/x/y") == Path("/x/y")

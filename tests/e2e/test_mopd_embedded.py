@@ -2,7 +2,7 @@
 
 configs/mopd/embedded.json as it ships: a student tiny model briefly fine-tuned on both tasks
 and two teachers fine-tuned much longer on one task each (``tiny-sft:``, built by
-dressage.assets.teachers on first use). Each step runs in plain sequence: the rollout manager
+dressage.tiny.teachers on first use). Each step runs in plain sequence: the rollout manager
 samples prompts, the tool agent works them through the proxy against the engine serving the
 current student, the reward hook scores the anchors, the converter builds train_data; the
 embedded trainer takes one MOPD step (each sample scored by its dataset's teacher) and the new
@@ -30,6 +30,7 @@ from dressage.config.mopd import MOPD_HOOKS, load_mopd_config, validate_mopd_run
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
 from dressage.rollout.data_source import MopdDataSource
 from dressage.schemas import samples_to_table, train_data_to_table, validate_table
+from dressage.tiny.checkpoints import resolve_checkpoint
 from dressage.training.embedded import EmbeddedTrainer, trainer_args
 from dressage.training.embedded.probe import ALL, HeldOutProbe
 from dressage.training.embedded.rollout import EmbeddedRolloutManager, update_engine_weights
@@ -67,7 +68,7 @@ def test_mopd_through_engine_and_proxy_pulls_the_student_to_its_teachers(
     from dressage.engine.testing import serve_engine
 
     started = time.monotonic()
-    config = load_mopd_config(EMBEDDED).materialize()  # builds the tiny-sft models once
+    config = load_mopd_config(EMBEDDED).materialize(resolve_checkpoint)  # built by the fixture
     assert config.student is not None
     student = config.student.hf_checkpoint
     teachers = {tid: t.load for tid, t in config.teachers.items()}

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from dressage.config.mopd import resolve_checkpoint
 from dressage.config.proxy import ProxyConfig
 from dressage.engine.testing import serve_engine
 from dressage.jobs.train import main
@@ -24,6 +23,7 @@ from dressage.proxy.testing import serve_proxy
 from dressage.staging import open_artifact
 from dressage.staging.checks import check_run_tables
 from dressage.staging.stage import stage_run
+from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import ENGINE_KEY, REPO
 
 pytestmark = pytest.mark.integration

@@ -12,11 +12,11 @@ import httpx
 import pytest
 import torch
 
-from dressage.config.mopd import resolve_checkpoint
 from dressage.config.proxy import ProxyConfig
 from dressage.engine.testing import serve_engine
 from dressage.launch.train_job import TrainRunConfig
 from dressage.proxy.testing import serve_proxy
+from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import ENGINE_KEY, REPO
 
 pytestmark = [

@@ -17,7 +17,6 @@ from dressage.config.mopd import (
     MOPD_HOOKS,
     MopdConfigError,
     load_mopd_config,
-    resolve_checkpoint,
 )
 from dressage.launch.mopd_run import MopdRunConfig
 from dressage.launch.slime_command import (
@@ -27,6 +26,7 @@ from dressage.launch.slime_command import (
     submit_argv,
     write_job_files,
 )
+from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import REPO
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("embedded_checkpoints")]

@@ -168,7 +168,7 @@ class _TorchWithoutPinning(types.ModuleType):
 
 def slime_args(scenario: dict[str, Any], tmp: Path) -> Namespace:
     """The options slime's actor reads on this path, as slime's parser would leave them."""
-    from dressage.assets import tiny_model_dir
+    from dressage.tiny import tiny_model_dir
     from tests.slime.slime_parts import MOPD_LOSS_ARGS, SPLIT_AND_LOGGING_ARGS
 
     config = {

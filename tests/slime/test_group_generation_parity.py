@@ -29,7 +29,7 @@ pytestmark = pytest.mark.unit
 
 
 def _args(**over: Any) -> SimpleNamespace:
-    from dressage.assets import tiny_model_dir
+    from dressage.tiny import tiny_model_dir
 
     values: dict[str, Any] = dict(
         hf_checkpoint=str(tiny_model_dir()),

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dressage.assets import TinyModelSpec, qwen_tokenizer_dir, tiny_model_dir
+from dressage.assets import qwen_tokenizer_dir
 from dressage.config.mopd import MopdConfig
+from dressage.tiny import TinyModelSpec, tiny_model_dir
 from dressage.training.checkpoints import (
     CheckpointError,
     check_checkpoints_compatible,

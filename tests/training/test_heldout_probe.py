@@ -27,7 +27,7 @@ def test_exact_reverse_kl_is_the_token_mean_over_trainable_positions(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from dressage.assets import TinyModelSpec, tiny_model_dir
+    from dressage.tiny import TinyModelSpec, tiny_model_dir
 
     student = AutoModelForCausalLM.from_pretrained(str(tiny_model_path)).eval()
     other = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir(TinyModelSpec(seed=1)))).eval()

@@ -62,7 +62,7 @@ def train_data(
 
 @cache
 def tiny_dir(seed: int) -> Path:
-    from dressage.assets import TinyModelSpec, tiny_model_dir
+    from dressage.tiny import TinyModelSpec, tiny_model_dir
 
     return tiny_model_dir(TinyModelSpec(seed=seed))
 

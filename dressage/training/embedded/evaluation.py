@@ -10,7 +10,7 @@ after the weight update, so the engine serves the weights just trained. The embe
 the recording proxy, greedy, with the task's tools and its exact-match reward, in sessions that
 are discarded afterwards (:func:`dressage.agents.evaluate.measure_accuracy`). The settings are
 those a tiny teacher's ``sft_report.json`` was measured with
-(:data:`dressage.assets.teachers.AGENT_EVAL`), so student and teacher accuracies compare.
+(:data:`dressage.tiny.teachers.AGENT_EVAL`), so student and teacher accuracies compare.
 
 Keys: ``eval/accuracy/<task>`` per task, ``eval/accuracy/all`` over every row, and
 ``eval/accuracy_errors/<task>`` when agent runs failed (they score 0).
@@ -85,7 +85,7 @@ class HeldOutAccuracy:
         cls, config: MopdConfig, *, proxy_url: str, admin_key: str | None, api_key: str | None
     ) -> HeldOutAccuracy | None:
         """None when no dataset has held-out rows."""
-        from dressage.assets.teachers import AGENT_EVAL
+        from dressage.tiny.teachers import AGENT_EVAL
 
         items = heldout_items(config)
         if not items:

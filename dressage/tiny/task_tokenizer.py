@@ -1,6 +1,6 @@
 """A small Qwen3.5-format vocabulary for the embedded default's tiny models.
 
-    from dressage.assets.task_tokenizer import task_tokenizer_dir
+    from dressage.tiny.task_tokenizer import task_tokenizer_dir
     path = task_tokenizer_dir()          # built once (about 2 s), cached
 
 Why. A tiny model 64 units wide over the real Qwen3.5 vocabulary spends almost all of its time in
@@ -34,7 +34,7 @@ from dressage.assets._cache import cached_build
 __all__ = ["TASK_VOCAB", "VOCAB_SIZE", "task_tokenizer_dir"]
 
 TASK_VOCAB = "qwen3.5-tasks"
-"""The name :class:`~dressage.assets.TinyModelSpec` gives this vocabulary (``vocab=...``)."""
+"""The name :class:`~dressage.tiny.TinyModelSpec` gives this vocabulary (``vocab=...``)."""
 VOCAB_SIZE = 1024
 """Learnt entries (bytes and merges), before the 33 added tokens."""
 _RECIPE_VERSION = 2

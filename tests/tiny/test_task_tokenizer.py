@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from dressage.assets import load_tokenizer
-from dressage.assets.task_tokenizer import TASK_VOCAB, VOCAB_SIZE, task_tokenizer_dir
-from dressage.assets.teachers import teacher_transcripts
-from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir, vocab_dir
 from dressage.proxy.tito import create_tito_tokenizer
+from dressage.tiny.model import TinyModelSpec, tiny_model_dir, vocab_dir
+from dressage.tiny.task_tokenizer import TASK_VOCAB, VOCAB_SIZE, task_tokenizer_dir
+from dressage.tiny.teachers import teacher_transcripts
 
 ADDED = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>", "<think>")
 

@@ -4,7 +4,7 @@
     dressage assets --config configs/mopd/embedded.json   # + every tiny:/tiny-sft: model it names
     dressage assets --checkpoint tiny-sft:task=lookup     # + one model (repeatable)
 
-(``python -m dressage.assets`` is the same.) Tiny teachers (``tiny-sft:``) are trained here, once
+(``python -m dressage.tiny`` is the same.) Tiny teachers (``tiny-sft:``) are trained here, once
 (minutes on a CPU; cached by recipe): checkpoint resolution and validation never train one, they
 report it as not built. A checkpoint that is a plain folder is never built, only named.
 """
@@ -15,8 +15,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from dressage.assets import QWEN_VOCABS, qwen_tokenizer_dir, tiny_model_dir
-from dressage.assets.checkpoints import build_checkpoint, is_built_spec
+from dressage.assets import QWEN_VOCABS, qwen_tokenizer_dir
+from dressage.tiny import tiny_model_dir
+from dressage.tiny.checkpoints import build_checkpoint, is_built_spec
 
 __all__ = ["main", "main_argv"]
 

@@ -15,15 +15,17 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir
+from dressage.tiny.model import TinyModelSpec, tiny_model_dir
 
 __all__ = [
     "TEACHER_PREFIX",
+    "CheckpointNotBuiltError",
     "TINY_PREFIX",
     "build_checkpoint",
     "find_checkpoint",
     "is_built_spec",
     "parse_tiny_model_spec",
+    "resolve_checkpoint",
 ]
 
 TINY_PREFIX = "tiny:"
@@ -53,7 +55,7 @@ def find_checkpoint(value: str) -> Path | None:
     """The folder ``value`` names: a plain path as given, a ``tiny:`` model (built if missing:
     no training), a ``tiny-sft:`` teacher only when it is already built (else None)."""
     if value.startswith(TEACHER_PREFIX):
-        from dressage.assets.teachers import cached_teacher_dir, parse_teacher_spec
+        from dressage.tiny.teachers import cached_teacher_dir, parse_teacher_spec
 
         return cached_teacher_dir(parse_teacher_spec(value))
     if value.startswith(TINY_PREFIX):
@@ -68,9 +70,38 @@ def build_checkpoint(value: str) -> Path:
         ValueError: ``value`` is a plain path (never built here) or a malformed spec.
     """
     if value.startswith(TEACHER_PREFIX):
-        from dressage.assets.teachers import parse_teacher_spec, tiny_teacher_dir
+        from dressage.tiny.teachers import parse_teacher_spec, tiny_teacher_dir
 
         return tiny_teacher_dir(parse_teacher_spec(value))
     if value.startswith(TINY_PREFIX):
         return tiny_model_dir(parse_tiny_model_spec(value))
     raise ValueError(f"{value!r} is a checkpoint path, not a tiny: or tiny-sft: spec to build")
+
+
+class CheckpointNotBuiltError(ValueError):
+    """A ``tiny-sft:`` teacher named by a config is not built: resolution never trains one."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        super().__init__(
+            f"{spec} is not built yet (resolving a checkpoint never trains one): build it with "
+            f"`dressage assets --checkpoint '{spec}'`, or every one a config names with "
+            "`dressage assets --config CONFIG` (the training DAGs' prepare task does the same)"
+        )
+
+
+def resolve_checkpoint(value: str) -> Path:
+    """The folder of a checkpoint path, a ``tiny:key=value,...`` tiny-model spec (a seeded random
+    init, built on first use) or a ``tiny-sft:task=...,key=value`` tiny teacher (found, never
+    trained).
+
+    Raises:
+        CheckpointNotBuiltError: a ``tiny-sft:`` teacher that is not built yet.
+        ValueError: a malformed spec (the message names the bad key).
+    """
+    if not value.startswith(("tiny:", "tiny-sft:")):
+        return Path(value)
+    found = find_checkpoint(value)
+    if found is None:
+        raise CheckpointNotBuiltError(value)
+    return found

@@ -3,7 +3,7 @@
 They carry a real Qwen vocabulary (so real tokenizers and chat formats apply) and a few tens of
 thousands of non-embedding parameters, small enough for CPU tests and the embedded default::
 
-    from dressage.assets import tiny_model_dir
+    from dressage.tiny import tiny_model_dir
     path = tiny_model_dir()                        # student, seed 0
     teacher = tiny_model_dir(TinyModelSpec(seed=1))
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 from dressage.assets._cache import cached_build
-from dressage.assets.task_tokenizer import TASK_VOCAB, task_tokenizer_dir
 from dressage.assets.tokenizers import QWEN_VOCABS, QwenVocab, qwen_tokenizer_dir
+from dressage.tiny.task_tokenizer import TASK_VOCAB, task_tokenizer_dir
 
 _RECIPE_VERSION = 1
 
@@ -27,7 +27,7 @@ ModelVocab = QwenVocab | Literal["qwen3.5-tasks"]
 @dataclass(frozen=True)
 class TinyModelSpec:
     """``vocab``: a real Qwen vocabulary, or ``qwen3.5-tasks``, the small Qwen3.5-format one of
-    :mod:`dressage.assets.task_tokenizer` (the embedded default's, for speed)."""
+    :mod:`dressage.tiny.task_tokenizer` (the embedded default's, for speed)."""
 
     vocab: ModelVocab = "qwen3.5"
     seed: int = 0

@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from dressage.agents import AgentTask, load_agent
-from dressage.assets import TinyModelSpec, tiny_model_dir
-from dressage.assets.teachers import (
+from dressage.config.env import cache_dir
+from dressage.config.mopd import load_mopd_config
+from dressage.tiny import TinyModelSpec, tiny_model_dir
+from dressage.tiny.checkpoints import resolve_checkpoint
+from dressage.tiny.teachers import (
     TinyTeacherSpec,
     Transcript,
     answer_log_prob,
@@ -20,8 +23,6 @@ from dressage.assets.teachers import (
     teacher_transcripts,
     tiny_teacher_dir,
 )
-from dressage.config.env import cache_dir
-from dressage.config.mopd import load_mopd_config, resolve_checkpoint
 from tests.helpers import REPO
 
 EMBEDDED = REPO / "configs/mopd/embedded.json"

@@ -1,13 +1,13 @@
 """Tiny task teachers: a tiny model fine-tuned by plain next-token training on its task.
 
-    from dressage.assets.teachers import TinyTeacherSpec, tiny_teacher_dir
+    from dressage.tiny.teachers import TinyTeacherSpec, tiny_teacher_dir
     path = tiny_teacher_dir(TinyTeacherSpec(task="calculator"))    # built once, then cached
 
-    python -m dressage.assets.teachers calculator lookup          # build, print the evidence
+    python -m dressage.tiny.teachers calculator lookup          # build, print the evidence
 
 The MOPD config names one as ``tiny-sft:task=calculator[,seed=0,steps=48,...]`` (resolved by
-:func:`dressage.config.mopd.resolve_checkpoint`). Keys: ``task``; the base model's
-:class:`~dressage.assets.TinyModelSpec` fields (``seed``, ``vocab``, ``hidden_size``, ...); the
+:func:`dressage.tiny.checkpoints.resolve_checkpoint`). Keys: ``task``; the base model's
+:class:`~dressage.tiny.TinyModelSpec` fields (``seed``, ``vocab``, ``hidden_size``, ...); the
 recipe's ``steps``, ``lr``, ``batch_size``, ``examples``, ``data_seed``.
 
 Recipe. ``examples`` instances of the task (:mod:`dressage.agents.tasks`) become the transcript
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dressage.assets._cache import cached_build, cached_path
-from dressage.assets.tiny_model import TinyModelSpec, tiny_model_dir
+from dressage.tiny.model import TinyModelSpec, tiny_model_dir
 
 if TYPE_CHECKING:
     import torch
@@ -237,7 +237,7 @@ def _masked_log_probs(model: nn.Module, batch: list[Transcript]) -> torch.Tensor
     """Log-probs of every masked token of the batch, ``[N]`` (logits only where needed)."""
     import torch
 
-    from dressage.training.log_probs import causal_lm_hidden, output_embedding_module
+    from dressage.causal_lm import causal_lm_hidden, output_embedding_module
 
     tokens = [torch.tensor(t.ids) for t in batch]
     hidden = causal_lm_hidden(model, tokens)
@@ -267,7 +267,7 @@ def answer_log_prob(model: nn.Module, transcripts: list[Transcript], batch_size:
 def _fine_tune(model: nn.Module, data: list[Transcript], spec: TinyTeacherSpec) -> list[float]:
     import torch
 
-    from dressage.training.log_probs import input_embedding_module
+    from dressage.causal_lm import input_embedding_module
 
     generator = torch.Generator().manual_seed(spec.data_seed)
     if not spec.train_embeddings:
@@ -384,7 +384,7 @@ def cached_teacher_dir(spec: TinyTeacherSpec) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dressage.assets.teachers TASK...``: build and print each report's summary."""
+    """``python -m dressage.tiny.teachers TASK...``: build and print each report's summary."""
     tasks = list(sys.argv[1:] if argv is None else argv) or ["calculator", "lookup"]
     for task in tasks:
         spec = parse_teacher_spec(task) if task.startswith(SPEC_PREFIX) else TinyTeacherSpec(task)
