@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-# A slime checkout (the real-slime tier, tests/slime/) goes first on the path before anything
+# A slime checkout (the real-slime tier, tests/real_slime/) goes first on the path before anything
 # imports dressage, so dressage.types picks slime's own Sample as it does on a cluster.
 if (_slime := slime_root()) is not None:
     sys.path.insert(0, str(_slime))

@@ -2,7 +2,7 @@
 
 The local class is checked field for field against ``tests/contracts/slime.json`` (whose list the
 real-slime tier checks against slime's own ``Sample``), and for behaviour here; the tier also
-runs the behaviours below on both classes side by side (tests/slime/test_sample_parity.py).
+runs the behaviours below on both classes side by side (tests/real_slime/test_sample_parity.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ objectives never get it, even when their datasets name teachers.
 Tests and the speed comparison against slime's own converter::
 
     .venv/bin/python -m pytest tests/rollout/test_convert_samples.py -q -p no:cacheprovider
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime -q -p no:cacheprovider
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime -q -p no:cacheprovider
     SLIME_ROOT=/path/to/slime .venv/bin/python bench/convert.py
 
 slime's own samples

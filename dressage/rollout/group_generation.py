@@ -15,7 +15,7 @@ siblings (each sample's own function without it), and nothing when any sibling i
 with ``--group-rm`` one call for the whole group, one reward per entry. Samples that already
 have a reward and ABORTED ones are not scored. The group keeps slime's shape: one entry per
 prompt copy, a ``Sample`` or a list of siblings. The tier test
-tests/slime/test_group_generation_parity.py runs this and slime's ``generate_and_rm_group``
+tests/real_slime/test_group_generation_parity.py runs this and slime's ``generate_and_rm_group``
 side by side.
 """
 

@@ -4,7 +4,7 @@ Both drivers (``dressage.training.mopd_train`` and
 ``dressage.training.train_async_with_rollout_pause``) and the training job ask
 :func:`periodic_action` for the rule: slime's own function where slime imports, else
 :func:`should_run_periodic_action`, a local copy of its semantics (the embedded backend runs
-without slime). ``tests/slime/test_drivers.py`` checks that the copy agrees with slime's on a
+without slime). ``tests/real_slime/test_drivers.py`` checks that the copy agrees with slime's on a
 grid of rollouts, intervals and epoch lengths.
 """
 

@@ -12,7 +12,7 @@ dispatch, docs/slime.md §2). Driver metrics (phase timings per rollout) go to
 ``<--mopd-metrics-dir>/driver.jsonl``; slime keeps W&B (``--use-wandb``).
 
 The loop (:func:`train`) makes slime's ``train.py`` calls, in its order and with its arguments
-(``tests/slime/test_drivers.py`` runs both against the same fakes): periodic saves and evals on
+(``tests/real_slime/test_drivers.py`` runs both against the same fakes): periodic saves and evals on
 slime's ``should_run_periodic_action`` steps, epoch boundaries included, the last save and every
 ``--release-train`` save synchronous, the data source saved only with a global dataset, and
 ``--release-train`` honoured as slime does (the actor group, MOPD class kept, is recreated

@@ -27,7 +27,7 @@ Two backends run the same loop: :class:`SlimeBackend` (below: Ray actors from sl
 rollout thread), which ``python -m dressage.jobs.train`` uses on one machine.
 
 Over :class:`SlimeBackend` the driver makes slime's ``train_async.py`` calls, in its order and
-with its arguments (``tests/slime/test_drivers.py`` runs both against the same fakes), except:
+with its arguments (``tests/real_slime/test_drivers.py`` runs both against the same fakes), except:
 
 - the proxy pause and resume around every ``actor_model.update_weights()`` (the point of the
   driver; they are the proxy's HTTP API, not slime calls);

@@ -5,7 +5,7 @@ names it imports from slime, each hook's call site and call shape, ``Sample``'s 
 train_data keys of slime's default converter and of its DP split, and the methods (with their
 parameters) of slime's actor, ``TensorBackuper``, ``RayTrainGroup`` and ``RolloutManager``.
 Tests that need no slime check the project's code against it; the real-slime tier
-(``tests/slime/test_contract_data.py``) checks it against slime's own code, so a newer slime
+(``tests/real_slime/test_contract_data.py``) checks it against slime's own code, so a newer slime
 fails there until the data and the code follow.
 """
 

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 
-from dressage.slime.hooks import load_function
 from dressage.training.embedded.advantages import compute_advantages_and_returns
 from dressage.training.embedded.data import check_train_data, select
 from dressage.training.embedded.schedule import build_schedule
@@ -151,15 +150,3 @@ def test_a_custom_advantage_hook_replaces_the_estimator() -> None:
     assert data["advantages"][0].tolist() == [1.0, 2.0, 3.0]
     with pytest.raises(NotImplementedError, match="needs a critic"):
         compute_advantages_and_returns(Namespace(advantage_estimator="ppo"), _rollout_data([0, 0]))
-
-
-def test_hooks_resolve_like_slimes_load_function() -> None:
-    assert load_function("dressage.training.mopd_loss.mopd_policy_loss").__name__ == (
-        "mopd_policy_loss"
-    )
-    with pytest.raises(ValueError, match="dotted"):
-        load_function("dressage/training/mopd_loss.py:mopd_policy_loss")
-    with pytest.raises(AttributeError, match="has no 'nope'"):
-        load_function("dressage.training.mopd_loss.nope")
-    with pytest.raises(ImportError, match="cannot import module 'dressage.nowhere'"):
-        load_function("dressage.nowhere.fn")

@@ -7,7 +7,7 @@ call shape of its call site in slime; the actor overrides only slime actor metho
 parameters, and touches only listed attributes and ``TensorBackuper`` methods; the drivers call
 only ``RayTrainGroup``/``RolloutManager`` methods slime has and hand ``actor_cls`` to
 ``create_training_models``; every flag the MOPD builder emits is a slime or Megatron flag (or
-the project's own). The actor's behaviour inside slime is tested in tests/slime/.
+the project's own). The actor's behaviour inside slime is tested in tests/real_slime/.
 """
 
 from __future__ import annotations

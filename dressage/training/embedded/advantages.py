@@ -4,7 +4,7 @@ Order (docs/slime.md §4.2): per-token ``kl`` (from the reference log-probs when
 ``kl_coef != 0``, which then must exist, else zeros) is stored first; then the custom
 advantage hook (``fn(args, rollout_data)``) or the built-in estimator; then ``--use-opd`` KL
 shaping; then ``--normalize-advantages`` whitening (unbiased variance, as slime's). The
-REINFORCE++ estimators need whitening, as slime's parser says. tests/slime/
+REINFORCE++ estimators need whitening, as slime's parser says. tests/real_slime/
 test_embedded_parity.py runs this and slime's own function on the same batches.
 
 Estimators: ``grpo``/``gspo``/``cispo`` broadcast the post-processed scalar reward to every

@@ -1,8 +1,8 @@
 """The MOPD actor inside slime's own ``MegatronTrainRayActor``, on one CPU process.
 
-    python -m tests.slime.actor_rig '{"offload_train": true}' OUT.json
+    python -m tests.real_slime.actor_rig '{"offload_train": true}' OUT.json
 
-Runs in a process of its own (tests/slime/test_mopd_actor.py starts it): it initialises a gloo
+Runs in a process of its own (tests/real_slime/test_mopd_actor.py starts it): it initialises a gloo
 world of one, megatron-core's parallel state and slime's accelerator registry (a CPU backend
 registered through slime's own ``register_accelerator``), then runs slime's real control flow:
 ``TrainRayActor.init`` and ``MegatronTrainRayActor.init`` (backuper, weight updater, offload),
@@ -169,7 +169,7 @@ class _TorchWithoutPinning(types.ModuleType):
 def slime_args(scenario: dict[str, Any], tmp: Path) -> Namespace:
     """The options slime's actor reads on this path, as slime's parser would leave them."""
     from dressage.tiny import tiny_model_dir
-    from tests.slime.slime_parts import MOPD_LOSS_ARGS, SPLIT_AND_LOGGING_ARGS
+    from tests.real_slime.slime_parts import MOPD_LOSS_ARGS, SPLIT_AND_LOGGING_ARGS
 
     config = {
         "teachers": TEACHERS,
@@ -366,7 +366,7 @@ def _split(args: Any, train_data: dict[str, Any]) -> list[Any]:
     """slime's own ``_split_train_data_by_dp`` on the converter's output (one DP rank)."""
     import slime.ray.rollout as rollout_mod
 
-    from tests.slime.slime_parts import bare_manager
+    from tests.real_slime.slime_parts import bare_manager
 
     rollout_mod.ray = types.SimpleNamespace(put=lambda value, **_: value)  # type: ignore[assignment]
     refs: list[Any] = bare_manager(args)._split_train_data_by_dp(train_data)
@@ -377,7 +377,7 @@ def run(scenario: dict[str, Any], tmp: Path) -> dict[str, Any]:
     import torch.distributed as dist
 
     from tests.helpers import free_port
-    from tests.slime import standins
+    from tests.real_slime import standins
 
     standins.install()
     os.environ.update(
@@ -498,7 +498,7 @@ def _read_lines(path: Path) -> list[Any]:
 def main() -> int:
     scenario = json.loads(sys.argv[1])
     out = Path(sys.argv[2])
-    from tests.slime import actor_rig  # this file as a module (hooks slime loads by path see it)
+    from tests.real_slime import actor_rig  # this file as a module (hooks slime loads by path see it)
 
     report = actor_rig.run(scenario, out.parent)
     out.write_text(json.dumps(report, default=str))

@@ -59,7 +59,7 @@ def batch_spec(seed: int = 0) -> dict[str, Any]:
 
 def slime_args(metrics_dir: str = ".") -> Namespace:
     """The slime options a MOPD step reads on this path."""
-    from tests.slime.slime_parts import MOPD_LOSS_ARGS
+    from tests.real_slime.slime_parts import MOPD_LOSS_ARGS
 
     return Namespace(
         **MOPD_LOSS_ARGS,

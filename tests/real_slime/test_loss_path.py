@@ -1,14 +1,14 @@
 """The MOPD advantage and loss hooks called by slime's own loss path, at TP 1, TP 2 and CP 2.
 
 Each case spawns ``TP x CP`` CPU processes on gloo with megatron-core's parallel state
-(``tests/slime/loss_rig.py``): slime's ``compute_advantages_and_returns`` calls
+(``tests/real_slime/loss_rig.py``): slime's ``compute_advantages_and_returns`` calls
 ``compute_mopd_advantages`` and slime's ``loss_function`` calls ``mopd_policy_loss`` on the
 vocab-parallel logits of the rank's context-parallel slice, exactly as inside slime's Megatron
 actor. The loss, slime's reduced step metrics, the per-teacher metrics the actor logs, and the
 gradient of the logits, added up over the ranks as Megatron's gradient reduction sees them,
 must equal a single-process float64 full-vocabulary reference written from the MOPD formula.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_loss_path.py
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_loss_path.py
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.slime import loss_rig
+from tests.real_slime import loss_rig
 
 pytestmark = pytest.mark.integration
 

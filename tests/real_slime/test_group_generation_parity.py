@@ -3,13 +3,13 @@
 The embedded rollout and the partial-async rollout generate and score a prompt group with
 ``dressage.rollout.group_generation.generate_group``, a stand-in for slime's
 ``generate_and_rm_group`` (which needs SGLang's engines in its process). Here both run the same
-hooks (``tests/slime/fake_hooks.py``) on copies of the same groups: single samples, trajectories
+hooks (``tests/real_slime/fake_hooks.py``) on copies of the same groups: single samples, trajectories
 split into segments, ABORTED ones, samples that score themselves or name their own reward
 function, finished samples from a partial rollout's buffer, and ``--group-rm``; they must leave
 the same samples with the same rewards, after the same reward calls. The default sampling
 parameters must be slime's too.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_group_generation_parity.py
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_group_generation_parity.py
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from dressage.rollout.group_generation import generate_group, sampling_params_from_args
-from tests.slime import fake_hooks
+from tests.real_slime import fake_hooks
 
 pytestmark = pytest.mark.unit
 
@@ -33,8 +33,8 @@ def _args(**over: Any) -> SimpleNamespace:
 
     values: dict[str, Any] = dict(
         hf_checkpoint=str(tiny_model_dir()),
-        custom_generate_function_path="tests.slime.fake_hooks.generate",
-        custom_rm_path="tests.slime.fake_hooks.rm",
+        custom_generate_function_path="tests.real_slime.fake_hooks.generate",
+        custom_rm_path="tests.real_slime.fake_hooks.rm",
         group_rm=False,
         partial_rollout=False,
         mask_offpolicy_in_partial_rollout=False,
@@ -121,7 +121,7 @@ def test_groups_generate_and_score_as_slimes(name: str) -> None:
 
 
 def test_a_samples_own_reward_function_wins_as_in_slime() -> None:
-    group = _group("one", "one", one={"custom_rm_path": "tests.slime.fake_hooks.other_rm"})
+    group = _group("one", "one", one={"custom_rm_path": "tests.real_slime.fake_hooks.other_rm"})
     ours, theirs = _both(_args(), group)
     assert ours == theirs
 

@@ -16,7 +16,7 @@ Also here: the drivers' local copy of ``should_run_periodic_action`` (used only 
 not importable) behaves exactly as slime's, and the embedded backend refuses ``--release-train``
 before anything runs.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_drivers.py -q
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_drivers.py -q
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The real-slime tier: the project's hooks run through slime's own code.
 
-Every test under ``tests/slime/`` carries the marker ``slime`` (``pytest -m slime`` runs exactly
+Every test under ``tests/real_slime/`` carries the marker ``slime`` (``pytest -m slime`` runs exactly
 them) and needs ``SLIME_ROOT``, a checkout of slime at the reference commit (``.ci/run`` points
 it at one when there is one beside the repository). Without it the tier is skipped with one
 reason. With it, a checkout that is not slime, or lacks a module or name the contract names,
@@ -9,7 +9,7 @@ fails: it never skips.
 The root ``tests/conftest.py`` puts ``SLIME_ROOT`` first on ``sys.path`` before anything imports
 ``dressage``, so ``dressage.types.Sample`` is slime's own class throughout such a run, as on a
 cluster. The GPU-only packages slime imports at module level get stand-ins for the tier's
-duration (``tests/slime/standins.py``); slime's own modules are never replaced.
+duration (``tests/real_slime/standins.py``); slime's own modules are never replaced.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import slime_root
-from tests.slime import standins
+from tests.real_slime import standins
 
 HERE = Path(__file__).parent
 NO_SLIME = "SLIME_ROOT is not set: the real-slime tier needs a slime checkout"

@@ -6,9 +6,9 @@ does not know. The batch here is real slime Samples through the project's segmen
 converter, slime's DP split (``_split_train_data_by_dp``) and slime's ``process_rollout_data``,
 for GRPO with the stock actor (datasets that name teachers, as MOPD configs do), with one
 gloo process and megatron-core's parallel state. The MOPD actor's own path is
-tests/slime/test_mopd_actor.py.
+tests/real_slime/test_mopd_actor.py.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_train_side_logging.py
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_train_side_logging.py
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.rollout.factories import slime_args, template, trajectory
-from tests.slime.slime_parts import SPLIT_AND_LOGGING_ARGS, split_per_rank
+from tests.real_slime.slime_parts import SPLIT_AND_LOGGING_ARGS, split_per_rank
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("megatron_world")]
 

@@ -11,7 +11,7 @@ multi-sample producer (``slime/agent/trajectory.py``) supplies plain sibling sam
 ``RolloutManager`` is ``ray.remote``-decorated; its methods are called on the plain class
 (``__ray_actor_class__``) with ``ray.put``/``ray.get`` replaced by the identity, no Ray started.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_convert_with_slime.py
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_convert_with_slime.py
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dressage.training.reward_post_process import reward_post_process
 from dressage.types import Sample
 from tests.helpers import REPO
 from tests.rollout.factories import segment, slime_args, template
-from tests.slime.slime_parts import bare_manager, split_per_rank
+from tests.real_slime.slime_parts import bare_manager, split_per_rank
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ gloo process with megatron-core's parallel state, so slime's code runs as it doe
 for every estimator the embedded trainer supports, with and without the KL term, OPD shaping and
 whitening, and must agree on ``kl``, ``advantages`` and ``returns``.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_embedded_parity.py
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_embedded_parity.py
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The MOPD actor run by slime's own ``MegatronTrainRayActor`` control flow.
 
-Each case starts ``tests/slime/actor_rig.py`` in a process of its own: slime's real ``init``,
+Each case starts ``tests/real_slime/actor_rig.py`` in a process of its own: slime's real ``init``,
 ``sleep``/``wake_up``, ``train`` and ``train_actor``, its ``forward_only`` over a tiny real
 model, its advantage computation and its train-side rollout logging, with stand-ins only for
 Megatron-LM compute, checkpoints and the GPU-only packages (see the rig's docstring). The batch
 is real slime Samples through the project's expansion and converter and slime's DP split.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_mopd_actor.py
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_mopd_actor.py
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def run_rig(tmp_path: Path, **args: Any) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(slime_root()), str(REPO)])
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.slime.actor_rig", json.dumps({"args": args}), str(out)],
+        [sys.executable, "-m", "tests.real_slime.actor_rig", json.dumps({"args": args}), str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -131,7 +131,7 @@ def test_dynamic_batches_are_packed_per_teacher_and_scores_land_in_order(
 def test_users_postprocess_hook_runs_and_sees_the_teacher_ids(tmp_path: Path) -> None:
     report = run_rig(
         tmp_path,
-        rollout_data_postprocess_path="tests.slime.actor_rig.user_postprocess",
+        rollout_data_postprocess_path="tests.real_slime.actor_rig.user_postprocess",
         use_routing_replay=True,
     )
     _check_scores_and_logging(report)

@@ -7,7 +7,7 @@ slime's parser's, ``Sample`` has exactly the listed fields and statuses, slime's
 converter and DP split use exactly the listed keys, and the actor, ``TensorBackuper``,
 ``RayTrainGroup``, ``RolloutManager`` and ``DataSource`` methods have the listed parameters.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_contract_data.py
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_contract_data.py
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.slime.slime_parts import plain_rollout_manager
+from tests.real_slime.slime_parts import plain_rollout_manager
 from tests.training.slime_contract import contract, methods
 
 pytestmark = pytest.mark.unit
@@ -203,7 +203,7 @@ def test_a_checkout_missing_a_name_fails_the_tier_naming_it(
     env = {**os.environ, "SLIME_ROOT": str(fake)}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "tests/slime/test_contract_data.py", "-k", "imported_slime_name"],
+         "tests/real_slime/test_contract_data.py", "-k", "imported_slime_name"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-2000:]

@@ -3,7 +3,7 @@
 Each scenario runs on a fresh instance of both classes: on valid input both must end in the same
 state (``to_dict``); on input slime refuses, the local class must refuse too.
 
-    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/slime/test_sample_parity.py
+    SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest tests/real_slime/test_sample_parity.py
 """
 
 from __future__ import annotations
