@@ -31,6 +31,7 @@ accuracy on a teacher's own task with a floor.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -385,9 +386,24 @@ def cached_teacher_dir(spec: TinyTeacherSpec) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dressage.tiny.teachers TASK...``: build and print each report's summary."""
-    tasks = list(sys.argv[1:] if argv is None else argv) or ["calculator", "lookup"]
-    for task in tasks:
-        spec = parse_teacher_spec(task) if task.startswith(SPEC_PREFIX) else TinyTeacherSpec(task)
+    parser = argparse.ArgumentParser(
+        prog="python -m dressage.tiny.teachers",
+        description="Build tiny teachers (cached) and print what their sft_report.json measured.",
+    )
+    parser.add_argument(
+        "tasks",
+        nargs="*",
+        default=["calculator", "lookup"],
+        metavar="TASK",
+        help="a task name or a full tiny-sft: spec (default: calculator lookup)",
+    )
+    for task in parser.parse_args(argv).tasks:
+        try:
+            spec = (
+                parse_teacher_spec(task) if task.startswith(SPEC_PREFIX) else TinyTeacherSpec(task)
+            )
+        except ValueError as exc:
+            parser.error(str(exc))
         path = tiny_teacher_dir(spec)
         report = json.loads((path / "sft_report.json").read_text())
         losses, heldout = report["losses"], report["heldout_answer_log_prob"]
