@@ -528,7 +528,12 @@ if __name__ == "__main__":
     )
 
     def ev(m, ts=("calculator", "lookup", *aux)):
-        return {t: round(accuracy(m, evals[t][:64]), 3) for t in ts}
+        out = {t: round(accuracy(m, evals[t][:64]), 3) for t in ts}
+        if "calculator" in ts and cfg.get("per_op"):  # which operations the model solves
+            for op in "+-*":
+                picked = [i for i in evals["calculator"] if f" {op} " in i["value"]][:32]
+                out["calc" + op] = round(accuracy(m, picked), 3)
+        return out
 
     # 1. base: aux pretraining
     base = new_model(
