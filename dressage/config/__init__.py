@@ -6,6 +6,8 @@ tito_families.py  the TITO chat families' names, which the proxy's settings chec
 mopd.py           the MOPD config (teachers, datasets, reward modules) and its checks
 mopd_files.py     reading a MOPD config file (placeholders, relative paths)
 problems.py       what validation reports
+run.py            a training run: a MOPD launch's settings, an embedded job's RUN.json
+job.py            RUN.json's ``advanced`` options (and the cluster's)
 """
 
 from dressage.config import proxy as _proxy  # noqa: F401  (declares DRESSAGE_PROXY_*)

@@ -14,8 +14,8 @@ import torch
 
 from dressage.config.mopd import resolve_checkpoint
 from dressage.config.proxy import ProxyConfig
+from dressage.config.run import TrainRunConfig
 from dressage.engine.testing import serve_engine
-from dressage.launch.train_job import TrainRunConfig
 from dressage.proxy.testing import serve_proxy
 from tests.helpers import ENGINE_KEY, REPO
 
