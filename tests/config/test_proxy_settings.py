@@ -5,7 +5,6 @@ environment. (Flag and variable names are covered by tests/proxy/test_proxy_api.
 from __future__ import annotations
 
 import pytest
-from dressage.training.rollout_pause import RolloutPause
 
 from dressage.config.env import ENV, env_float
 from dressage.config.proxy import (
@@ -16,6 +15,7 @@ from dressage.config.proxy import (
     ProxySettings,
     config_from_argv,
 )
+from dressage.training.proxy_pause_client import RolloutPause
 
 pytestmark = pytest.mark.unit
 
