@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dressage.config.run import TrainRunConfig
 from dressage.launch.base import sanitize_id
-from dressage.launch.train_job import TrainRunConfig
 
 __all__ = ["RunPlan", "artifact_root_url", "resolve_path"]
 

@@ -6,8 +6,15 @@ tito_families.py  the TITO chat families' names, which the proxy's settings chec
 mopd.py           the MOPD config (teachers, datasets, reward modules) and its checks
 mopd_files.py     reading a MOPD config file (placeholders, relative paths)
 problems.py       what validation reports
+layered.py        flags over variables over defaults (pydantic-settings), for the modules below
+pause_client.py   the trainer's pause client (pause around weight updates, required, timeout)
+agent_dispatch.py the black-box rollout's agent dispatch (proxy, agent, timeouts, attempts)
+run.py            a training run: a MOPD launch's settings, an embedded job's RUN.json
+job.py            RUN.json's ``advanced`` options (and the cluster's)
 """
 
+from dressage.config import agent_dispatch as _agent_dispatch  # noqa: F401  (DRESSAGE_AGENT_*)
+from dressage.config import pause_client as _pause_client  # noqa: F401  (DRESSAGE_PROXY_PAUSE_*)
 from dressage.config import proxy as _proxy  # noqa: F401  (declares DRESSAGE_PROXY_*)
 from dressage.config.env import ENV, EnvVar, env_bool, env_float, env_int, env_str
 

@@ -2,9 +2,11 @@
 
 Code reads these through :func:`env_str`, :func:`env_int`, :func:`env_float` and :func:`env_bool`,
 which refuse names that are not declared, so a typo fails loudly instead of silently falling
-back to a default. The proxy's ``DRESSAGE_PROXY_*`` variables are declared from its settings'
-fields (:mod:`dressage.config.proxy`, imported with this package: each default written once,
-on its field). ``dressage env`` prints the table (:func:`all_variables`).
+back to a default. The proxy's ``DRESSAGE_PROXY_*`` variables, the trainer's pause client's and
+the agent dispatch's are declared from their settings' fields (:mod:`dressage.config.proxy`,
+:mod:`~dressage.config.pause_client`, :mod:`~dressage.config.agent_dispatch`, imported with this
+package: each default written once, on its field). ``dressage env`` prints the table
+(:func:`all_variables`).
 """
 
 from __future__ import annotations
@@ -41,16 +43,6 @@ _DECLARED = [
         "Key the embedded engine requires on every route but health (SGLang's --api-key).",
     ),
     EnvVar(
-        "DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE",
-        "1",
-        "Pause proxy generation around every weight update (async drivers).",
-    ),
-    EnvVar(
-        "DRESSAGE_PROXY_PAUSE_REQUIRED",
-        "0",
-        "Fail the weight update when the proxy cannot be paused (otherwise warn and go on).",
-    ),
-    EnvVar(
         "DRESSAGE_MOPD_TEACHER_CONFIG",
         None,
         "Path of the MOPD JSON config (teachers, datasets, reward modules).",
@@ -73,7 +65,9 @@ def declare(name: str, default: str | None, doc: str) -> EnvVar:
 
 
 def all_variables() -> list[EnvVar]:
-    """Every declared variable, by name (the proxy's included)."""
+    """Every declared variable, by name (the settings modules' included)."""
+    import dressage.config.agent_dispatch  # noqa: F401  (declares DRESSAGE_AGENT_*)
+    import dressage.config.pause_client  # noqa: F401  (declares DRESSAGE_PROXY_PAUSE_*)
     import dressage.config.proxy  # noqa: F401  (declares the DRESSAGE_PROXY_* variables)
 
     return sorted(ENV.values(), key=lambda v: v.name)

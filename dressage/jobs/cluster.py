@@ -17,8 +17,9 @@ node). It:
    black-box dispatch. Both get ``--dressage-proxy-url``;
 3. runs it in the foreground, then stops the proxy; its exit status is the job's.
 
-``advanced.cluster`` in RUN.json (:class:`ClusterOptions`) carries the parallelism, GPUs, W&B
-and any further slime/Megatron flags (the model architecture, the optimizer).
+``advanced.cluster`` in RUN.json (:class:`~dressage.config.job.ClusterOptions`) carries the
+parallelism, GPUs, W&B and any further slime/Megatron flags (the model architecture, the
+optimizer).
 """
 
 from __future__ import annotations
@@ -33,25 +34,17 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dressage.config.job import ClusterOptions
 from dressage.config.mopd import MOPD_HOOKS
+from dressage.config.run import ClusterLayout, MopdRunConfig, TrainRunConfig
 from dressage.health import wait_healthy
-from dressage.launch.mopd_run import ClusterLayout
 from dressage.launch.slime_command import layout_flags
-from dressage.launch.train_job import TrainRunConfig
 
-__all__ = ["ClusterOptions", "ClusterPlan", "cluster_plan", "run_on_cluster"]
+__all__ = ["ClusterPlan", "cluster_plan", "run_on_cluster"]
 
 GRPO_DRIVER = "dressage.training.train_async_with_rollout_pause"
 PARTIAL_ASYNC_ROLLOUT = "dressage.rollout.partial_async_rollout.generate_rollout_partial_async"
 ADMIN_KEY_ENV = "DRESSAGE_PROXY_ADMIN_KEY"
-
-
-class ClusterOptions(ClusterLayout):
-    """``advanced.cluster``: the slime layout (:class:`ClusterLayout`) and this job's ports."""
-
-    router_port: int = Field(default=30000, ge=1, le=65535)
-    """Where slime is told to serve its SGLang router (on this node)."""
-    proxy_port: int = Field(default=18000, ge=1, le=65535)
 
 
 class ClusterPlan(BaseModel):
@@ -103,7 +96,6 @@ def cluster_plan(
         proxy_argv += ["--dressage-partial-rollout", "--record-token-versions"]
     tail = [*router, "--dressage-proxy-url", proxy_url]
     if run.objective == "mopd":
-        from dressage.launch.mopd_run import MopdRunConfig
         from dressage.launch.slime_command import build_mopd_job, write_job_files
 
         mopd_run = MopdRunConfig(

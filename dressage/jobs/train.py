@@ -3,8 +3,8 @@
     DRESSAGE_PROXY_ADMIN_KEY=... DRESSAGE_ENGINE_ADMIN_KEY=... \
         python -m dressage.jobs.train --run-config RUN.json
 
-RUN.json is a :class:`~dressage.launch.train_job.TrainRunConfig` (written by the training DAGs'
-``prepare_job``); its ``advanced`` options are :class:`~dressage.jobs.options.JobOptions`. On the
+RUN.json is a :class:`~dressage.config.run.TrainRunConfig` (written by the training DAGs'
+``prepare_job``); its ``advanced`` options are :class:`~dressage.config.job.JobOptions`. On the
 embedded backend the engine and the proxy already run (``engine_url``, ``proxy_url``; the DAG's
 setup task started them) and the job runs, in this process, slime's async loop
 (:func:`dressage.training.train_async_with_rollout_pause.train_async`) over the embedded
@@ -36,13 +36,14 @@ import httpx
 from pydantic import ValidationError
 
 from dressage.config.env import env_secret, env_str
+from dressage.config.job import JobOptions
 from dressage.config.mopd import (
     MopdConfigError,
     load_mopd_config,
 )
-from dressage.jobs.options import JobOptions, job_args
+from dressage.config.run import TrainRunConfig
+from dressage.jobs.job_args import job_args
 from dressage.jobs.outputs import RunOutputs
-from dressage.launch.train_job import TrainRunConfig
 from dressage.reporting.metrics import HELDOUT_KL_PREFIX as HELDOUT_KL
 from dressage.tiny.checkpoints import CheckpointNotBuiltError, resolve_checkpoint
 

@@ -40,7 +40,7 @@ from dressage.config.mopd import (
     load_mopd_config,
     validate_mopd_run,
 )
-from dressage.launch.mopd_run import ClusterLayout, MopdRunConfig
+from dressage.config.run import ClusterLayout, MopdRunConfig
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 from dressage.tiny.checkpoints import resolve_checkpoint
 

@@ -6,7 +6,8 @@
 ``update_weights_with_pause`` asks the proxy to stop generation at a token boundary
 (``POST /v1/rollout/pause``), runs the update, then resumes with the version the update
 returned (``POST /v1/rollout/resume``; None lets the proxy read the engine's), even when the
-update failed, so that no agent stays held. Three variables (dressage.config.env) steer it:
+update failed, so that no agent stays held. Three variables steer it (layered by
+:class:`~dressage.config.pause_client.PauseClientSettings`):
 
 - ``DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE`` (1): 0 updates without pausing (in-flight calls
   then see their engine request aborted by the engine's own pause: the work is lost);
@@ -27,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from dressage.config.env import env_bool, env_float, env_str
+from dressage.config.pause_client import PauseClientSettings
 from dressage.config.proxy import DEFAULT_PAUSE_TIMEOUT_S
 from dressage.proxy.client import ProxyClientError, SyncProxyClient
 
@@ -58,14 +59,11 @@ class RolloutPause:
     def from_env(
         cls, *, proxy_url: str | None = None, admin_key: str | None = None, mode: str = "abort"
     ) -> RolloutPause:
-        return cls(
-            proxy_url=proxy_url or env_str("DRESSAGE_PROXY_URL"),
-            admin_key=admin_key or env_str("DRESSAGE_PROXY_ADMIN_KEY"),
-            enabled=env_bool("DRESSAGE_PROXY_PAUSE_AROUND_WEIGHT_UPDATE"),
-            required=env_bool("DRESSAGE_PROXY_PAUSE_REQUIRED"),
-            timeout_s=env_float("DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC") or DEFAULT_PAUSE_TIMEOUT_S,
-            mode=mode,
-        )
+        """The policy from ``DRESSAGE_PROXY_*`` (:class:`PauseClientSettings`); a URL or key
+        given here wins over its variable."""
+        given = {"proxy_url": proxy_url, "admin_key": admin_key}
+        settings = PauseClientSettings.layered(given, given_as={})
+        return cls(**settings.model_dump(), mode=mode)
 
     def client(self) -> SyncProxyClient:
         if self._client is None:

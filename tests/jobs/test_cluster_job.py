@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from dressage.config.job import ClusterOptions
 from dressage.config.mopd import MOPD_HOOKS
-from dressage.jobs.cluster import ClusterOptions, cluster_plan
+from dressage.config.run import TrainRunConfig
+from dressage.jobs.cluster import cluster_plan
 from dressage.jobs.train import main
-from dressage.launch.train_job import TrainRunConfig
 from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import REPO, free_port
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from dressage.config.proxy import ProxyConfig
+from dressage.config.run import TrainRunConfig
 from dressage.engine.testing import serve_engine
 from dressage.jobs.train import main
-from dressage.launch.train_job import TrainRunConfig
 from dressage.proxy.testing import serve_proxy
 from dressage.staging import open_artifact
 from dressage.staging.checks import check_run_tables

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from dressage.config.proxy import ProxyConfig
+from dressage.config.run import TrainRunConfig
 from dressage.engine.testing import serve_engine
-from dressage.launch.train_job import TrainRunConfig
 from dressage.proxy.testing import serve_proxy
 from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import ENGINE_KEY, REPO

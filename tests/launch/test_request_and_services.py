@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from dressage.config.run import TrainRunConfig
 from dressage.launch.base import LaunchError
 from dressage.launch.request import JobRequest
 from dressage.launch.services import ENGINE_READY_PREFIX, PROXY_READY_PREFIX, write_secret
-from dressage.launch.train_job import TrainRunConfig, job_module, train_entrypoint
+from dressage.launch.train_job import job_module, train_entrypoint
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ from dressage.config.mopd import (
     MopdConfigError,
     load_mopd_config,
 )
-from dressage.launch.mopd_run import MopdRunConfig
+from dressage.config.run import MopdRunConfig
 from dressage.launch.slime_command import (
     build_mopd_command,
     build_mopd_job,

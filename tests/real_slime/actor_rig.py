@@ -498,7 +498,9 @@ def _read_lines(path: Path) -> list[Any]:
 def main() -> int:
     scenario = json.loads(sys.argv[1])
     out = Path(sys.argv[2])
-    from tests.real_slime import actor_rig  # this file as a module (hooks slime loads by path see it)
+    from tests.real_slime import (
+        actor_rig,  # this file as a module (hooks slime loads by path see it)
+    )
 
     report = actor_rig.run(scenario, out.parent)
     out.write_text(json.dumps(report, default=str))

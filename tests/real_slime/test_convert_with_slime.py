@@ -35,8 +35,8 @@ from dressage.rollout.multi_segment import expand_segments_to_samples, mark_abor
 from dressage.training.reward_post_process import reward_post_process
 from dressage.types import Sample
 from tests.helpers import REPO
-from tests.rollout.factories import segment, slime_args, template
 from tests.real_slime.slime_parts import bare_manager, split_per_rank
+from tests.rollout.factories import segment, slime_args, template
 
 pytestmark = pytest.mark.unit
 

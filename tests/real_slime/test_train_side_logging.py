@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.rollout.factories import slime_args, template, trajectory
 from tests.real_slime.slime_parts import SPLIT_AND_LOGGING_ARGS, split_per_rank
+from tests.rollout.factories import slime_args, template, trajectory
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("megatron_world")]
 

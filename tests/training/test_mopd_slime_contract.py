@@ -185,7 +185,7 @@ OWN_FLAGS = {"--mopd-config", "--mopd-advantage-clip", "--mopd-metrics-dir", "--
 def test_every_built_flag_is_slimes_megatrons_or_ours(
     layout: dict[str, Any], tmp_path: Path
 ) -> None:
-    from dressage.launch.mopd_run import MopdRunConfig
+    from dressage.config.run import MopdRunConfig
     from dressage.launch.slime_command import build_mopd_command
 
     run = MopdRunConfig(

@@ -1,7 +1,8 @@
 """What the black-box dispatch reads from slime's ``args``, the environment and each sample.
 
 Read once per call into :class:`DispatchSettings` (a frozen dataclass), first found wins
-(partial rollout: any source that is on turns it on):
+(partial rollout: any source that is on turns it on); the layering and the variables' defaults
+are :class:`dressage.config.agent_dispatch.AgentDispatchSettings`'s:
 
 =========================  ===================================  =================================
 setting                    ``args`` attribute                   environment (default)
@@ -36,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dressage.config.env import declare, env_bool, env_int, env_str
+from dressage.config.agent_dispatch import AgentDispatchSettings
 
 __all__ = [
     "AgentSpec",
@@ -45,29 +46,6 @@ __all__ = [
     "dispatch_settings",
     "parse_agent_spec",
 ]
-
-declare(
-    "DRESSAGE_AGENT",
-    "tool_user",
-    "Agent the black-box rollout runs: a built-in name, module.attribute, or 'cmd: COMMAND'.",
-)
-declare(
-    "DRESSAGE_AGENT_TIMEOUT_SEC",
-    "600",
-    "Longest one agent attempt may run (black-box rollout) before it is stopped.",
-)
-declare(
-    "DRESSAGE_AGENT_ATTEMPTS",
-    "2",
-    "Attempts per sample (black-box rollout); each retry discards the failed session.",
-)
-declare("DRESSAGE_AGENT_MAX_TURNS", "4", "Model calls one agent run may make (black-box rollout).")
-declare(
-    "DRESSAGE_AGENT_PARTIAL_ROLLOUT",
-    "0",
-    "Ask the proxy to keep black-box agent calls' partial output across weight-update pauses "
-    "(slime's --partial-rollout turns it on too).",
-)
 
 COMMAND_PREFIX = "cmd:"
 
@@ -120,58 +98,24 @@ class DispatchSettings:
     """The agent's calls keep their partial output across rollout pauses (see the docstring)."""
 
 
-def _first(args: Any, attr: str, env: str) -> str | None:
-    value = getattr(args, attr, None)
-    if value not in (None, ""):
-        return str(value)
-    return env_str(env)
-
-
-def _positive(value: Any, name: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not number > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return number
-
-
-def _partial_rollout(args: Any) -> bool:
-    """slime's ``--partial-rollout``, ``dressage_partial_rollout`` or the variable: any is on."""
-    for attr in ("partial_rollout", "dressage_partial_rollout"):
-        value = getattr(args, attr, None)
-        if isinstance(value, str):  # a YAML string or a hand-set attribute
-            value = value.strip().lower() in ("1", "true", "yes", "on")
-        if value:
-            return True
-    return env_bool("DRESSAGE_AGENT_PARTIAL_ROLLOUT")
-
-
 def dispatch_settings(args: Any) -> DispatchSettings:
-    """The run-level settings (the sample-level overrides are applied by the dispatch).
+    """The run-level settings (the sample-level overrides are applied by the dispatch), layered
+    by :class:`~dressage.config.agent_dispatch.AgentDispatchSettings`.
 
     Raises:
-        ValueError: no proxy URL, an unparsable agent, or a non-positive number.
+        ValueError: no proxy URL, an unparsable agent, or a value that does not validate.
     """
-    url = _first(args, "dressage_proxy_url", "DRESSAGE_PROXY_URL")
-    if not url:
-        raise ValueError(
-            "the black-box rollout needs the proxy: set args.dressage_proxy_url or "
-            "DRESSAGE_PROXY_URL"
-        )
-    timeout = getattr(args, "dressage_agent_timeout", None) or env_str("DRESSAGE_AGENT_TIMEOUT_SEC")
-    attempts = getattr(args, "dressage_agent_attempts", None) or env_int("DRESSAGE_AGENT_ATTEMPTS")
-    turns = getattr(args, "dressage_agent_max_turns", None) or env_int("DRESSAGE_AGENT_MAX_TURNS")
+    settings = AgentDispatchSettings.from_args(args)
+    assert settings.proxy_url is not None  # from_args refuses a run without one
     return DispatchSettings(
-        proxy_url=url.rstrip("/"),
-        admin_key=_first(args, "dressage_proxy_admin_key", "DRESSAGE_PROXY_ADMIN_KEY"),
-        api_key=_first(args, "dressage_proxy_api_key", "DRESSAGE_PROXY_API_KEY"),
-        agent=parse_agent_spec(_first(args, "dressage_agent", "DRESSAGE_AGENT") or "tool_user"),
-        timeout_s=_positive(timeout, "the agent timeout"),
-        attempts=int(_positive(attempts, "the agent attempts")),
-        max_turns=int(_positive(turns, "the agent max turns")),
-        partial_rollout=_partial_rollout(args),
+        proxy_url=settings.proxy_url.rstrip("/"),
+        admin_key=settings.admin_key,
+        api_key=settings.api_key,
+        agent=parse_agent_spec(settings.agent),
+        timeout_s=settings.timeout_s,
+        attempts=settings.attempts,
+        max_turns=settings.max_turns,
+        partial_rollout=settings.partial_rollout,
     )
 
 

@@ -1,4 +1,4 @@
-"""RUN.json's ``advanced`` options, and the slime-named ``args`` of an embedded training job.
+"""The slime-named ``args`` of an embedded training job, from RUN.json and its ``advanced`` options.
 
 Every part of the embedded default reads the same ``argparse.Namespace`` attributes slime's
 would (the trainer, the rollout manager, the rollout function, the dispatch, the data source and
@@ -17,51 +17,16 @@ from __future__ import annotations
 
 from argparse import Namespace
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from dressage.config.job import JobOptions
 from dressage.config.mopd import MOPD_HOOKS
-from dressage.jobs.cluster import PARTIAL_ASYNC_ROLLOUT, ClusterOptions
-from dressage.launch.train_job import TrainRunConfig
+from dressage.config.run import TrainRunConfig
+from dressage.jobs.cluster import PARTIAL_ASYNC_ROLLOUT
 from dressage.training.embedded import trainer_args
 
-__all__ = ["JobOptions", "job_args"]
+__all__ = ["job_args"]
 
 SYNC_ROLLOUT = "dressage.rollout.sync_rollout.generate_rollout"
-
-
-class JobOptions(BaseModel):
-    """``advanced`` in RUN.json; an unknown key is an error (it is most likely a typo)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    partial_rollout: bool = True
-    """Agents keep running across weight updates (the partial-async rollout); otherwise each
-    rollout is one synchronous batch."""
-    learning_rate: float = Field(1e-5, gt=0)
-    n_samples_per_prompt: int = Field(4, ge=1)
-    """GRPO only (MOPD takes one sample per prompt)."""
-    max_response_len: int = Field(128, ge=1)
-    """Tokens per model call of an agent (``--rollout-max-response-len``)."""
-    temperature: float = Field(1.0, gt=0)
-    device: str = "auto"
-    agent: str | None = None
-    """The agent (``DRESSAGE_AGENT`` syntax); default the dispatch's (``tool_user``)."""
-    agent_max_turns: int | None = Field(None, ge=1)
-    agent_timeout_s: float | None = Field(None, gt=0)
-    max_staleness: int | None = Field(None, ge=0)
-    """Drop (or mask) groups older than this many weight versions (partial rollout)."""
-    stale_policy: Literal["drop", "mask"] = "drop"
-    groups_in_flight: int | None = Field(None, ge=1)
-    """Groups the background rollout keeps generating (default 2 x rollout_batch_size)."""
-    mopd_advantage_clip: float | None = Field(None, gt=0)
-    shuffle: bool = False
-    eval_interval: int | None = Field(1, ge=1)
-    """Steps between held-out accuracy passes (slime's ``--eval-interval``; the embedded job,
-    when the datasets have ``eval_path`` rows); None: only before and after the run."""
-    cluster: ClusterOptions = ClusterOptions()
-    """The ray backend's parallelism, GPUs, W&B and further slime flags."""
 
 
 def job_args(

@@ -1,22 +1,27 @@
-"""The typed settings of one MOPD launch, however they arrive: Airflow Params, CLI flags, env.
+"""The typed settings of a training run: a MOPD launch of slime, and an embedded job's RUN.json.
 
     MopdRunConfig.model_validate(params)                       # Airflow Params, JSON
     MopdRunConfig.from_env(os.environ, output_dir="runs/x")    # TP_SIZE, CP_SIZE, ... (below)
+    TrainRunConfig.model_validate_json(Path("RUN.json").read_text())
 
-Only what a launch decides lives here (parallelism, batch sizes, seeds, checkpoints, W&B); the
-teachers and datasets live in the MOPD config it names. Credentials never live here: W&B and the
-config's ``runtime_env_keys`` are read from the environment and forwarded through the Ray runtime
-environment, never put on a command line.
+:class:`MopdRunConfig` holds only what a launch decides (parallelism, batch sizes, seeds,
+checkpoints, W&B); the teachers and datasets live in the MOPD config it names.
+:class:`TrainRunConfig` is RUN.json, what one training job does (its command and outputs:
+:mod:`dressage.launch.train_job`; its ``advanced`` options: :mod:`dressage.config.job`).
+Credentials never live here: W&B and the config's ``runtime_env_keys`` are read from the
+environment and forwarded through the Ray runtime environment, never put on a command line.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ENV_FIELDS", "ClusterLayout", "MopdRunConfig"]
+__all__ = ["ENV_FIELDS", "ClusterLayout", "MopdRunConfig", "TrainRunConfig"]
 
 
 class ClusterLayout(BaseModel):
@@ -116,3 +121,35 @@ ENV_FIELDS: Mapping[str, str] = {
     "WANDB_PROJECT": "wandb_project",
     "WANDB_GROUP": "wandb_group",
 }
+
+
+class TrainRunConfig(BaseModel):
+    """RUN.json: what one training job does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    objective: Literal["mopd", "grpo"]
+    mopd_config: str
+    """The MOPD JSON: teachers (MOPD) and the datasets and reward modules (both objectives)."""
+    student: str
+    """Student checkpoint: an HF folder or a ``tiny:seed=N`` spec."""
+    engine_url: str | None
+    proxy_url: str | None
+    """None on the ray backend: the job starts its own engines and proxy on the cluster."""
+    output_dir: str
+    num_steps: int = Field(ge=1)
+    seed: int
+    rollout_batch_size: int = Field(ge=1)
+    backend: Literal["embedded", "ray"] = "embedded"
+    """Written only when "ray": the job then trains on the cluster it runs in."""
+    advanced: dict[str, Any] = Field(default_factory=dict)
+    """Passed through untouched (learning_rate, partial_rollout, ...)."""
+
+    def to_json(self) -> str:
+        exclude = {"backend"} if self.backend == "embedded" else set()
+        return json.dumps(self.model_dump(mode="json", exclude=exclude), indent=2, sort_keys=True)
+
+    def write(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json() + "\n")
+        return path

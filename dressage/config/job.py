@@ -1,0 +1,61 @@
+"""RUN.json's ``advanced`` options: how an embedded or cluster training job runs.
+
+    options = JobOptions.model_validate(run.advanced)      # run: a TrainRunConfig
+
+:class:`JobOptions` is what a training DAG's Params and ``extra`` put under ``advanced`` (the
+rollout mode, sampling, the agent, staleness); its ``cluster`` (:class:`ClusterOptions`) is the
+ray backend's slime layout and ports. Both refuse an unknown key (most likely a typo). What the
+job makes of them: :mod:`dressage.jobs.job_args` (slime's ``args``) and
+:mod:`dressage.jobs.cluster` (slime's command line).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dressage.config.run import ClusterLayout
+
+__all__ = ["ClusterOptions", "JobOptions"]
+
+
+class ClusterOptions(ClusterLayout):
+    """``advanced.cluster``: the slime layout (:class:`ClusterLayout`) and this job's ports."""
+
+    router_port: int = Field(default=30000, ge=1, le=65535)
+    """Where slime is told to serve its SGLang router (on this node)."""
+    proxy_port: int = Field(default=18000, ge=1, le=65535)
+
+
+class JobOptions(BaseModel):
+    """``advanced`` in RUN.json; an unknown key is an error (it is most likely a typo)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partial_rollout: bool = True
+    """Agents keep running across weight updates (the partial-async rollout); otherwise each
+    rollout is one synchronous batch."""
+    learning_rate: float = Field(1e-5, gt=0)
+    n_samples_per_prompt: int = Field(4, ge=1)
+    """GRPO only (MOPD takes one sample per prompt)."""
+    max_response_len: int = Field(128, ge=1)
+    """Tokens per model call of an agent (``--rollout-max-response-len``)."""
+    temperature: float = Field(1.0, gt=0)
+    device: str = "auto"
+    agent: str | None = None
+    """The agent (``DRESSAGE_AGENT`` syntax); default the dispatch's (``tool_user``)."""
+    agent_max_turns: int | None = Field(None, ge=1)
+    agent_timeout_s: float | None = Field(None, gt=0)
+    max_staleness: int | None = Field(None, ge=0)
+    """Drop (or mask) groups older than this many weight versions (partial rollout)."""
+    stale_policy: Literal["drop", "mask"] = "drop"
+    groups_in_flight: int | None = Field(None, ge=1)
+    """Groups the background rollout keeps generating (default 2 x rollout_batch_size)."""
+    mopd_advantage_clip: float | None = Field(None, gt=0)
+    shuffle: bool = False
+    eval_interval: int | None = Field(1, ge=1)
+    """Steps between held-out accuracy passes (slime's ``--eval-interval``; the embedded job,
+    when the datasets have ``eval_path`` rows); None: only before and after the run."""
+    cluster: ClusterOptions = ClusterOptions()
+    """The ray backend's parallelism, GPUs, W&B and further slime flags."""

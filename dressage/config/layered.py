@@ -1,0 +1,115 @@
+"""Flags over ``DRESSAGE_*`` variables over defaults, layered by pydantic-settings.
+
+A settings class names each field's variable in ``ENV`` (field -> variable: the names are the
+project's, not a prefix plus the field) and is built by :meth:`LayeredSettings.layered` from the
+values a caller was given (flags, slime ``args`` attributes; None or "" = not given)::
+
+    class PauseClientSettings(LayeredSettings):
+        ENV = {"required": "DRESSAGE_PROXY_PAUSE_REQUIRED"}
+        required: bool = False
+
+    PauseClientSettings.layered({"required": None}, given_as={"required": "--required"})
+
+A given value wins over its variable, a variable over the field's default (written once, on the
+field); an empty variable is unset. A value that does not validate is a :class:`SettingsError`
+naming where it came from (the flag or the variable) and the value (never a key's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from dressage.config.env import declare
+
+__all__ = ["LayeredSettings", "SettingsError", "declare_variables", "env_default"]
+
+
+class SettingsError(ValueError):
+    """Settings that cannot run; the message names the flag or variable and the value."""
+
+
+class _NamedVariables(EnvSettingsSource):
+    """Each field from the variable ``ENV`` names for it."""
+
+    def __init__(self, settings_cls: type[LayeredSettings]) -> None:
+        super().__init__(settings_cls, case_sensitive=True, env_ignore_empty=True)
+        self.names = settings_cls.ENV
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        name = self.names[field_name]
+        return self.env_vars.get(name), name, self.field_is_complex(field)
+
+
+class LayeredSettings(BaseSettings):
+    """Base of a layered settings class (see the module docstring)."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid", frozen=True, case_sensitive=True, env_ignore_empty=True
+    )
+
+    ENV: ClassVar[Mapping[str, str]] = {}
+    """Field -> its ``DRESSAGE_*`` variable (every field has one)."""
+    SECRETS: ClassVar[frozenset[str]] = frozenset()
+    """Fields whose values are never echoed in an error."""
+    WHAT: ClassVar[str] = "settings"
+    """What the settings are, for error messages."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _NamedVariables(cls)
+
+    @classmethod
+    def layered(cls, given: Mapping[str, Any], *, given_as: Mapping[str, str]) -> Self:
+        """``given`` (None or "" = not given) over the variables over the defaults, validated;
+        ``given_as`` names where each given field came from (a flag, an ``args`` attribute)."""
+        values = {field: value for field, value in given.items() if value not in (None, "")}
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = [cls._problem(error, values, given_as) for error in exc.errors()]
+            raise SettingsError(f"invalid {cls.WHAT}: " + "; ".join(problems)) from None
+
+    @classmethod
+    def _problem(
+        cls, error: Mapping[str, Any], values: Mapping[str, Any], given_as: Mapping[str, str]
+    ) -> str:
+        field = ".".join(map(str, error["loc"])) or "settings"
+        source = given_as.get(field, field) if field in values else cls.ENV.get(field, field)
+        value = "<hidden>" if field in cls.SECRETS else repr(error.get("input"))
+        return f"{source}={value}: {error['msg']}"
+
+
+def env_default(info: FieldInfo) -> str | None:
+    """A field's default as ``dressage env`` shows it (the way one would export it)."""
+    value = info.default
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def declare_variables(cls: type[LayeredSettings], fields: tuple[str, ...]) -> None:
+    """Declare the variables of ``fields`` (those ``cls`` owns) with their fields' defaults."""
+    for field in fields:
+        info = cls.model_fields[field]
+        declare(cls.ENV[field], env_default(info), info.description or "")
