@@ -4,11 +4,12 @@
     SLIME_ROOT=/path/to/slime .venv/bin/python bench/convert.py --quick  # 256 x 1,024, seconds
 
 Baseline: slime's ``RolloutManager._convert_samples_to_train_data`` with its
-``_post_process_rewards`` (grpo, group normalisation), loaded from ``$SLIME_ROOT`` with the
-test tier's stand-ins for the GPU-only packages it imports
-(``tests/real_slime/standins.py``), called on the plain class without Ray. slime's default knows no segments, so the batch is
-single-segment: ``--samples`` trajectories of ``--tokens`` tokens each (Python lists, as slime
-holds them), ``--per-prompt`` per prompt, 1% removed, written by ``write_sample_from_segment``.
+``_post_process_rewards`` (grpo, group normalisation), loaded from ``$SLIME_ROOT`` with the test
+tier's stand-ins for the GPU-only packages it imports (``tests/real_slime/standins.py``), called on
+the plain class without Ray. slime's default knows no segments, so the batch is single-segment:
+``--samples`` trajectories of ``--tokens`` tokens each (Python lists, as slime holds them),
+``--per-prompt`` per prompt, 1% removed, written by ``write_sample_from_segment``.
+
 
 Ours, :func:`dressage.rollout.convert_samples.convert_samples_to_train_data` (prompt-equal
 denominators, reward post-processing included), twice:

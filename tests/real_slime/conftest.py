@@ -1,8 +1,8 @@
 """The real-slime tier: the project's hooks run through slime's own code.
 
 Every test under ``tests/real_slime/`` carries the marker ``slime`` (``pytest -m slime`` runs
-exactly them) and needs ``SLIME_ROOT``, a checkout of slime at the reference commit (``.ci/run`` points
-it at one when there is one beside the repository). Without it the tier is skipped with one
+exactly them) and needs ``SLIME_ROOT``, a checkout of slime at the reference commit (``.ci/run``
+points it at one when there is one beside the repository). Without it the tier is skipped with one
 reason. With it, a checkout that is not slime, or lacks a module or name the contract names,
 fails: it never skips.
 

@@ -4,10 +4,11 @@ The embedded rollout and the partial-async rollout generate and score a prompt g
 ``dressage.rollout.group_generation.generate_group``, a stand-in for slime's
 ``generate_and_rm_group`` (which needs SGLang's engines in its process). Here both run the same
 hooks (``tests/real_slime/fake_hooks.py``) on copies of the same groups: single samples,
-trajectories split into segments, ABORTED ones, samples that score themselves or name their own reward
-function, finished samples from a partial rollout's buffer, and ``--group-rm``; they must leave
-the same samples with the same rewards, after the same reward calls. The default sampling
+trajectories split into segments, ABORTED ones, samples that score themselves or name their own
+reward function, finished samples from a partial rollout's buffer, and ``--group-rm``; they must
+leave the same samples with the same rewards, after the same reward calls. The default sampling
 parameters must be slime's too.
+
 
     SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest \
         tests/real_slime/test_group_generation_parity.py
