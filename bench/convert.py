@@ -10,7 +10,6 @@ the plain class without Ray. slime's default knows no segments, so the batch is 
 ``--samples`` trajectories of ``--tokens`` tokens each (Python lists, as slime holds them),
 ``--per-prompt`` per prompt, 1% removed, written by ``write_sample_from_segment``.
 
-
 Ours, :func:`dressage.rollout.convert_samples.convert_samples_to_train_data` (prompt-equal
 denominators, reward post-processing included), twice:
 

@@ -9,7 +9,6 @@ reward function, finished samples from a partial rollout's buffer, and ``--group
 leave the same samples with the same rewards, after the same reward calls. The default sampling
 parameters must be slime's too.
 
-
     SLIME_ROOT=/path/to/slime .venv/bin/python -m pytest \
         tests/real_slime/test_group_generation_parity.py
 """
