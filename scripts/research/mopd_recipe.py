@@ -88,6 +88,7 @@ TOOLS = {
     "length": spec("length", "word", "Return the number of letters of a word."),
     "reverse": spec("reverse", "number", "Return the digits of a number in reverse order."),
     "double": spec("double", "number", "Return twice a number."),
+    "echo": spec("echo", "code", "Return the check number of a code."),
 }
 
 
@@ -179,7 +180,28 @@ def _make(task, rng):
             value=str(n),
             label=str(2 * n),
         )
+    if task == "echo":  # copy a span of digits, symbols and words: the operator-copying move
+        items = [str(rng.randint(1, 99)) for _ in range(3)]
+        parts = [items[0]]
+        for item in items[1 : rng.randint(2, 3)]:
+            parts += [rng.choice(ECHO_SYMBOLS), item]
+        code = " ".join(parts)
+        return dict(
+            task=task,
+            prompt=f"Send the code {code} to the tool. {SUFFIX}",
+            tool="echo",
+            param="code",
+            value=code,
+            label=_check_number(code),
+        )
     raise ValueError(task)
+
+
+ECHO_SYMBOLS = ("+", "-", "*", "/", "%", "=", "<", ">", "&", "^", "and", "or", "to", "of")
+
+
+def _check_number(code):
+    return str(sum((i + 1) * ord(c) for i, c in enumerate(code)) % 997)
 
 
 def run_tool(inst, name, param, value):
@@ -213,6 +235,8 @@ def run_tool(inst, name, param, value):
             return value.strip()[::-1]
         if t == "double":
             return str(2 * int(value))
+        if t == "echo":
+            return _check_number(value.strip())
     except Exception as exc:
         return f"error: {type(exc).__name__}"
 
