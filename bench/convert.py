@@ -70,7 +70,7 @@ def load_slime(root_env: str | None) -> Any:
         _fail(f"SLIME_ROOT={root} is not a slime checkout (no slime/ray/rollout.py)")
     sys.path.insert(0, str(root))
     sys.path.insert(0, str(REPO))
-    standins = _load_file("dressage_bench_standins", REPO / "tests" / "slime" / "standins.py")
+    standins = _load_file("dressage_bench_standins", REPO / "tests" / "real_slime" / "standins.py")
     standins.install()
     import slime.ray.rollout as slime_rollout
 
