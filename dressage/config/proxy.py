@@ -44,6 +44,7 @@ from pydantic_settings import (
 
 from dressage.auth import check_key, is_loopback
 from dressage.config.env import declare, env_secret
+from dressage.config.layered import env_default
 from dressage.config.tito_families import MODEL_TYPE_SPELLINGS, canonical_model_type
 
 __all__ = [
@@ -237,20 +238,8 @@ _KEY_FLAGS = {
 """The key fields, each with its flag: never echoed in an error."""
 
 
-def _env_default(info: FieldInfo) -> str | None:
-    """A field's default as ``dressage env`` shows it (the way one would export it)."""
-    value = info.default
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
 for _field, _info in ProxyConfig.model_fields.items():
-    declare(PROXY_ENV[_field], _env_default(_info), _info.description or "")
+    declare(PROXY_ENV[_field], env_default(_info), _info.description or "")
 
 
 class _ProxyEnv(EnvSettingsSource):
