@@ -31,19 +31,26 @@ from pydantic_settings import (
 
 from dressage.config.env import declare
 
-__all__ = ["LayeredSettings", "SettingsError", "declare_variables", "env_default"]
+__all__ = [
+    "LayeredSettings",
+    "NamedVariables",
+    "SettingsError",
+    "declare_variables",
+    "env_default",
+]
 
 
 class SettingsError(ValueError):
     """Settings that cannot run; the message names the flag or variable and the value."""
 
 
-class _NamedVariables(EnvSettingsSource):
-    """Each field from the variable ``ENV`` names for it."""
+class NamedVariables(EnvSettingsSource):
+    """Each field from the variable ``names`` gives it (not prefix + field name); an empty
+    variable is unset. The environment source of every layered settings class."""
 
-    def __init__(self, settings_cls: type[LayeredSettings]) -> None:
+    def __init__(self, settings_cls: type[BaseSettings], names: Mapping[str, str]) -> None:
         super().__init__(settings_cls, case_sensitive=True, env_ignore_empty=True)
-        self.names = settings_cls.ENV
+        self.names = names
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         name = self.names[field_name]
@@ -73,7 +80,7 @@ class LayeredSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, _NamedVariables(cls)
+        return init_settings, NamedVariables(cls, cls.ENV)
 
     @classmethod
     def layered(cls, given: Mapping[str, Any], *, given_as: Mapping[str, str]) -> Self:

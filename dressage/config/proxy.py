@@ -34,17 +34,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
 from dressage.auth import check_key, is_loopback
 from dressage.config.env import declare, env_secret
-from dressage.config.layered import env_default
+from dressage.config.layered import NamedVariables, env_default
 from dressage.config.tito_families import MODEL_TYPE_SPELLINGS, canonical_model_type
 
 __all__ = [
@@ -242,14 +240,6 @@ for _field, _info in ProxyConfig.model_fields.items():
     declare(PROXY_ENV[_field], env_default(_info), _info.description or "")
 
 
-class _ProxyEnv(EnvSettingsSource):
-    """``DRESSAGE_*`` variables by :data:`PROXY_ENV`'s names (three are not prefix + field)."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        name = PROXY_ENV[field_name]
-        return self.env_vars.get(name), name, self.field_is_complex(field)
-
-
 class ProxySettings(ProxyConfig, BaseSettings):
     """:class:`ProxyConfig` layered by pydantic-settings: init values (the flags that were
     given) over the ``DRESSAGE_*`` variables over the defaults; an empty variable is unset."""
@@ -267,8 +257,7 @@ class ProxySettings(ProxyConfig, BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        env = _ProxyEnv(settings_cls, case_sensitive=True, env_ignore_empty=True)
-        return init_settings, env
+        return init_settings, NamedVariables(settings_cls, PROXY_ENV)
 
 
 def parser() -> argparse.ArgumentParser:

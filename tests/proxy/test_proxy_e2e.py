@@ -25,9 +25,10 @@ from dressage.proxy.client import SyncProxyClient
 from dressage.proxy.engine_client import EngineClient, PromptIds
 from dressage.proxy.http1 import RawResponse
 from dressage.proxy.tito import TITOTokenizer
+from dressage.testing.tito_corpus import WEATHER_TOOL
 from dressage.trajectory import Segment, StepRecord
 from tests.helpers import ENGINE_KEY, bearer
-from tests.proxy.conftest import WEATHER_TOOL, running_proxy
+from tests.proxy.conftest import running_proxy
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,9 @@ from openai import APIStatusError, AsyncOpenAI, OpenAI
 
 from dressage.proxy.testing import EngineReply
 from dressage.proxy.tito import TITOTokenizer
+from dressage.testing.tito_corpus import WEATHER_TOOL
 from dressage.trajectory import Segment
-from tests.proxy.conftest import TOOL_CALL, WEATHER_TOOL, Script, scripted_proxy
+from tests.proxy.conftest import TOOL_CALL, Script, scripted_proxy
 
 pytestmark = pytest.mark.integration
 
