@@ -195,7 +195,8 @@ class VocabSampler:
             logits = pass_out.kept.T * _LN2  # kept logits are logit / T in bits
             tokens[filtered] = self._filtered(logits, [rows[i] for i in filtered])
         chosen = self._logits_at(hidden, tokens) * inv_t
-        return tokens.tolist(), (chosen - log_norm).clamp(min=_FLOAT_MIN).tolist()
+        # a certain token's logprob is 0; rounding in the base-2 pass must not lift it above
+        return tokens.tolist(), (chosen - log_norm).clamp(min=_FLOAT_MIN, max=0.0).tolist()
 
     def prompt_logprobs(self, hidden: torch.Tensor, targets: Sequence[int]) -> list[float]:
         """log_softmax(logits)[target] per position (T = 1). hidden [N, H], targets [N]."""
@@ -206,7 +207,8 @@ class VocabSampler:
             logits = torch.nn.functional.linear(h, weight, bias).float()
             index = torch.tensor(targets[start : start + 64], device=h.device)[:, None]
             lp = logits.gather(1, index)[:, 0] - torch.logsumexp(logits, 1)
-            out.extend(lp.clamp(min=_FLOAT_MIN).tolist())  # JSON has no -inf (as SGLang clamps)
+            # JSON has no -inf (as SGLang clamps); rounding must not lift a certain token above 0
+            out.extend(lp.clamp(min=_FLOAT_MIN, max=0.0).tolist())
         return out
 
     # ----------------------------------------------------------------------------------------

@@ -165,3 +165,21 @@ def test_uniforms_are_a_function_of_seed_and_position() -> None:
     assert all(0.0 <= u < 1.0 for u in draws)
     assert abs(sum(draws) / len(draws) - 0.5) < 0.03
     assert abs(sum(u < 0.1 for u in draws) / len(draws) - 0.1) < 0.03
+
+
+@pytest.mark.parametrize("chunk_elements", [None, 1 << 10])
+def test_a_certain_token_has_logprob_zero_never_above(chunk_elements) -> None:
+    """A model all but sure of its token: the chunked base-2 pass must not round its logprob
+    above 0 (the proxy refuses such a step, and a trained tiny teacher is this sure)."""
+    head = _head()
+    with torch.no_grad():
+        head.weight[7] *= 40.0  # token 7's logit dwarfs every other one
+    hidden = head.weight[7:8].clone() / head.weight[7].norm()
+    sampler = VocabSampler(head, chunk_elements=chunk_elements)
+    scales = [1.0, 1.3, 2.1, 3.7, 5.3, 8.9, 13.1]
+    with torch.no_grad():
+        for scale in scales:
+            tokens, logprobs = sampler.sample(hidden * scale, [RowSpec(1.0, True, 0.0)])
+            assert tokens == [7]
+            assert logprobs[0] <= 0.0, (scale, logprobs[0])
+            assert sampler.prompt_logprobs(hidden * scale, [7])[0] <= 0.0
