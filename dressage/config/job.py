@@ -11,13 +11,25 @@ job makes of them: :mod:`dressage.jobs.job_args` (slime's ``args``) and
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.config.run import ClusterLayout
 
-__all__ = ["ClusterOptions", "JobOptions"]
+__all__ = [
+    "DEFAULT_MOPD_OBJECTIVE",
+    "MOPD_OBJECTIVES",
+    "ClusterOptions",
+    "JobOptions",
+    "MopdObjective",
+]
+
+MopdObjective = Literal["sampled", "dense"]
+"""``--mopd-objective``: the sampled-token loss, or the dense reverse KL over the vocabulary
+(:mod:`dressage.training.mopd_dense`, embedded trainer only for now)."""
+MOPD_OBJECTIVES: tuple[MopdObjective, ...] = get_args(MopdObjective)
+DEFAULT_MOPD_OBJECTIVE: MopdObjective = "sampled"
 
 
 class ClusterOptions(ClusterLayout):
@@ -53,6 +65,9 @@ class JobOptions(BaseModel):
     groups_in_flight: int | None = Field(None, ge=1)
     """Groups the background rollout keeps generating (default 2 x rollout_batch_size)."""
     mopd_advantage_clip: float | None = Field(None, gt=0)
+    mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
+    """``dense``: the reverse KL to the teacher over the whole vocabulary; embedded backend
+    only (the ray backend refuses it)."""
     shuffle: bool = False
     eval_interval: int | None = Field(1, ge=1)
     """Steps between held-out accuracy passes (slime's ``--eval-interval``; the embedded job,

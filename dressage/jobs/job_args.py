@@ -82,6 +82,7 @@ def job_args(
             "custom_advantage_function_path": MOPD_HOOKS["custom_advantage_function_path"],
             "rewards_normalization": False,
             "mopd_advantage_clip": options.mopd_advantage_clip,
+            "mopd_objective": options.mopd_objective,
         }
     else:
         values |= {"advantage_estimator": "grpo", "loss_type": "policy_loss"}

@@ -66,6 +66,12 @@ def _load(path: Path) -> tuple[TrainRunConfig, JobOptions]:
         raise JobConfigError(
             f"run config {path}: the embedded backend needs engine_url and proxy_url"
         )
+    if run.backend == "ray" and options.mopd_objective == "dense":
+        raise JobConfigError(
+            f"run config {path}: advanced.mopd_objective 'dense' is embedded-only for now "
+            "(slime's actor scores teachers at the sampled tokens only); use backend 'embedded' "
+            "or mopd_objective 'sampled'"
+        )
     return run, options
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "LogProbFunction",
     "causal_lm_packed_logits",
     "causal_lm_response_log_probs",
+    "causal_lm_response_log_softmax",
     "chunk_rows",
     "log_prob_function",
     "response_log_probs",
@@ -261,17 +262,7 @@ def causal_lm_response_log_probs(
     The output embeddings run over chunks of response positions only; prompt positions never
     reach the vocabulary projection. Call under ``torch.no_grad()`` for scoring.
     """
-    hidden = causal_lm_hidden(model, tokens, input_embeddings=input_embeddings)
-    head = output_embedding_module(model)
-    rows_h, targets = [], []
-    for i, (t, resp) in enumerate(zip(tokens, response_lengths, strict=True)):
-        total = int(t.numel())
-        if not 0 <= resp < total:
-            raise ValueError(f"sample {i}: response_length {resp} not in [0, {total})")
-        rows_h.append(hidden[i, total - resp - 1 : total - 1])
-        targets.append(t.reshape(-1)[total - resp :])
-    h = torch.cat(rows_h)
-    target = to_device(torch.cat(targets).cpu(), h.device)
+    h, target, head = _response_hidden(model, tokens, response_lengths, input_embeddings)
     chunk = chunk_rows(int(cast(Tensor, head.weight).shape[0]), chunk_tokens, h.device)
     out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
     for s in range(0, h.shape[0], chunk):
@@ -280,6 +271,50 @@ def causal_lm_response_log_probs(
             torch.log_softmax(z, dim=-1).gather(-1, target[s : s + chunk, None]).squeeze(-1)
         )
     return list(out.split([int(r) for r in response_lengths]))
+
+
+def causal_lm_response_log_softmax(
+    model: nn.Module,
+    tokens: Sequence[Tensor],
+    response_lengths: Sequence[int],
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 0,
+    input_embeddings: Callable[[Tensor], Tensor] | None = None,
+) -> list[Tensor]:
+    """The whole next-token log-softmax at each sample's response positions: ``[R_i, V]`` float32.
+
+    Row ``t`` is the distribution the sampled token ``t`` was drawn from (the dense MOPD
+    objective's teacher, :mod:`dressage.training.mopd_dense`); the output holds ``sum R_i x V``
+    floats, so keep it to small vocabularies. Call under ``torch.no_grad()``.
+    """
+    h, _, head = _response_hidden(model, tokens, response_lengths, input_embeddings)
+    vocab = int(cast(Tensor, head.weight).shape[0])
+    chunk = chunk_rows(vocab, chunk_tokens, h.device)
+    out = torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device)
+    for s in range(0, h.shape[0], chunk):
+        out[s : s + chunk] = torch.log_softmax(_scaled(head(h[s : s + chunk]), temperature), -1)
+    return list(out.split([int(r) for r in response_lengths]))
+
+
+def _response_hidden(
+    model: nn.Module,
+    tokens: Sequence[Tensor],
+    response_lengths: Sequence[int],
+    input_embeddings: Callable[[Tensor], Tensor] | None,
+) -> tuple[Tensor, Tensor, nn.Module]:
+    """Hidden states that predict the response tokens ``[sum R_i, H]``, those tokens
+    ``[sum R_i]`` (on the same device) and the output embedding module."""
+    hidden = causal_lm_hidden(model, tokens, input_embeddings=input_embeddings)
+    rows_h, targets = [], []
+    for i, (t, resp) in enumerate(zip(tokens, response_lengths, strict=True)):
+        total = int(t.numel())
+        if not 0 <= resp < total:
+            raise ValueError(f"sample {i}: response_length {resp} not in [0, {total})")
+        rows_h.append(hidden[i, total - resp - 1 : total - 1])
+        targets.append(t.reshape(-1)[total - resp :])
+    h = torch.cat(rows_h)
+    return h, to_device(torch.cat(targets).cpu(), h.device), output_embedding_module(model)
 
 
 def causal_lm_packed_logits(model: nn.Module, tokens: Sequence[Tensor]) -> Tensor:

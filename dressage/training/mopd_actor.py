@@ -22,6 +22,10 @@ The driver (dressage.training.mopd_train) hands it to slime with
   rollout logging): drops the ``prompt`` slot, whose teacher-id strings slime's logging would
   try to average, after running the user's own postprocess hook, if any.
 
+It scores teachers at the sampled tokens only, so ``--mopd-objective dense`` (the teacher's whole
+distribution at every response position, :mod:`dressage.training.mopd_dense`) is refused at
+``init``, before slime builds anything: it is embedded-only for now.
+
 If slime ran no log-prob pass at all, the step fails (the advantage hook finds no teacher
 log-probs). Under ``--use-routing-replay`` the teacher passes run with
 ``ROUTING_REPLAY_STAGE=fallthrough``, as slime runs its own reference and teacher passes.
@@ -44,6 +48,7 @@ __all__ = [
     "group_by_teacher",
     "log_teacher_metrics",
     "make_mopd_actor_cls",
+    "refuse_unsupported_objective",
     "scatter_teacher_rows",
     "subset_rollout_data",
     "teacher_micro_batches",
@@ -249,6 +254,19 @@ def log_teacher_metrics(args: Any, rollout_id: int) -> dict[str, float]:
     return metrics
 
 
+def refuse_unsupported_objective(args: Any) -> None:
+    """Fail unless ``--mopd-objective`` is one this actor trains (``sampled``)."""
+    from dressage.training.mopd_dense import mopd_objective
+
+    if mopd_objective(args) == "dense":
+        raise ValueError(
+            "--mopd-objective dense is embedded-only for now (dressage.training.embedded): this "
+            "slime actor scores teachers at the sampled tokens only, and gathering the teachers' "
+            "distributions over a vocab-parallel vocabulary (top-k under TP/CP) is future work; "
+            "use --mopd-objective sampled on slime"
+        )
+
+
 def _then_drop_teacher_ids(user_hook: Callable[..., Any] | None) -> Callable[..., None]:
     """slime's ``rollout_data_postprocess`` slot: the user's hook, then the ``prompt`` slot out
     (slime's train-side rollout logging averages every key it does not know, and teacher ids
@@ -277,6 +295,7 @@ def make_mopd_actor_cls() -> type:
         def init(
             self, args: Any, role: str, with_ref: bool = False, with_opd_teacher: bool = False
         ) -> Any:
+            refuse_unsupported_objective(args)
             actor = role == "actor" and not getattr(args, "debug_rollout_only", False)
             self._mopd_load_due = actor  # done by sleep() when slime's init ends asleep
             start_rollout_id = super().init(

@@ -18,6 +18,10 @@ the advantage or the loss. Wire it into slime (or the embedded trainer, same fla
 slime applies OPD KL shaping (``--use-opd`` with a non-zero ``--opd-kl-coef``) and
 ``--normalize-advantages`` *after* a custom advantage hook; both would change A_t, so the hook
 refuses to run with them.
+
+``--mopd-objective dense`` (embedded trainer only, :mod:`dressage.training.mopd_dense`) swaps
+the loss for the exact reverse KL to the teacher over the whole vocabulary at every response
+position; the advantage hook still runs, but its A_t then only feeds the metrics.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import Tensor
 from dressage.training.log_probs import log_prob_function
 from dressage.training.losses import approx_kl
 from dressage.training.megatron_path import cp_local, cp_rank, cp_world_size
+from dressage.training.mopd_dense import dense_reverse_kl_loss, mopd_objective
 from dressage.training.mopd_metrics import deferred_store, mopd_teacher_metrics
 from dressage.training.reducer import Reducer
 
@@ -177,27 +182,56 @@ def mopd_policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """slime's ``--custom-loss-function-path`` hook: ``-A_t * log pi_student`` reduced.
 
+    With ``--mopd-objective dense`` the loss is instead the reverse KL over the vocabulary
+    (:func:`dressage.training.mopd_dense.dense_reverse_kl_loss`); the advantages are then unused
+    by the loss (optional in the batch, reported when present).
+
     Args:
         batch: ``advantages`` (from :func:`compute_mopd_advantages`), ``total_lengths``,
-            ``response_lengths``, tokens; for metrics ``teacher_log_probs`` and ``log_probs``.
+            ``response_lengths``, tokens; ``teacher_full_log_probs`` (``[R_i, V]`` per sample)
+            with ``dense``; for metrics ``teacher_log_probs`` and ``log_probs``.
         logits: packed ``[1, T, V]`` (see ``dressage.training.log_probs``).
 
     Returns:
         ``(loss, metrics)``; metrics ``mopd_loss``, ``mopd_reverse_kl`` (sampled-token
         ``log pi_student - log pi_teacher``), ``mopd_advantage_mean``, ``mopd_advantage_abs_mean``,
         ``mopd_advantage_clipfrac`` and ``mopd_update_kl`` (k3 KL of the current student from the
-        one that generated the advantages), each reduced like the loss.
+        one that generated the advantages), each reduced like the loss; with ``dense`` also
+        ``mopd_dense_reverse_kl`` (the loss itself).
     """
-    log_probs = torch.cat(log_prob_function(args)(args, batch, logits, with_entropy=False)[0])
-    device = log_probs.device
-    advantages = _cat(batch.get("advantages"), "advantages", device).float().detach()
-    loss = sum_of_sample_mean(-advantages * log_probs)
-    current = log_probs.detach()
-    metrics = {
-        "mopd_loss": loss.detach(),
+    compute = log_prob_function(args)
+    if mopd_objective(args) == "dense":
+        loss = dense_reverse_kl_loss(args, batch, logits, sum_of_sample_mean)
+        with torch.no_grad():
+            current = torch.cat(compute(args, batch, logits.detach(), with_entropy=False)[0])
+        metrics = {"mopd_loss": loss.detach(), "mopd_dense_reverse_kl": loss.detach()}
+        if batch.get("advantages") is not None:
+            advantages = _cat(batch["advantages"], "advantages", current.device).float()
+            metrics |= _advantage_metrics(advantages, sum_of_sample_mean)
+    else:
+        log_probs = torch.cat(compute(args, batch, logits, with_entropy=False)[0])
+        advantages = _cat(batch.get("advantages"), "advantages", log_probs.device).float().detach()
+        loss = sum_of_sample_mean(-advantages * log_probs)
+        current = log_probs.detach()
+        metrics = {"mopd_loss": loss.detach(), **_advantage_metrics(advantages, sum_of_sample_mean)}
+    metrics |= _sampled_token_metrics(args, batch, current, sum_of_sample_mean)
+    return loss, metrics
+
+
+def _advantage_metrics(advantages: Tensor, sum_of_sample_mean: Reducer) -> dict[str, Tensor]:
+    return {
         "mopd_advantage_mean": sum_of_sample_mean(advantages),
         "mopd_advantage_abs_mean": sum_of_sample_mean(advantages.abs()),
     }
+
+
+def _sampled_token_metrics(
+    args: Namespace, batch: Mapping[str, Any], current: Tensor, sum_of_sample_mean: Reducer
+) -> dict[str, Tensor]:
+    """The sampled-token reverse KL, the update KL and the clip fraction (``current``: the
+    student's response log-probs now, detached)."""
+    device = current.device
+    metrics: dict[str, Tensor] = {}
     teacher = batch.get("teacher_log_probs")
     if teacher is not None:
         teacher_flat = _cat(teacher, "teacher_log_probs", device).float()
@@ -209,4 +243,4 @@ def mopd_policy_loss(
         if teacher is not None:
             gap = (teacher_flat - old_flat).abs()
             metrics["mopd_advantage_clipfrac"] = sum_of_sample_mean((gap > _clip(args)).float())
-    return loss, metrics
+    return metrics

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dressage.config.env import env_str
+from dressage.config.job import DEFAULT_MOPD_OBJECTIVE, MOPD_OBJECTIVES
 from dressage.config.mopd import (
     MOPD_HOOKS,
     MopdConfigError,
@@ -96,6 +97,14 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         type=float,
         default=None,
         help="c in A_t = clip(log pi_T - log pi_old, -c, c) (default: dressage.training.mopd_loss)",
+    )
+    group.add_argument(
+        "--mopd-objective",
+        choices=MOPD_OBJECTIVES,
+        default=DEFAULT_MOPD_OBJECTIVE,
+        help="sampled: -A_t log pi(y_t); dense: the reverse KL to the teacher over the whole "
+        "vocabulary (embedded trainer only for now; the slime actor refuses it) "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--dressage-proxy-url",

@@ -15,7 +15,9 @@ Two swap strategies, same results:
   model's last micro-batch (``dressage.training.weight_streaming``).
 
 The student may be scored in the same call (its tag in ``tags``): it runs first, and the first
-teacher streams in behind it. Usage::
+teacher streams in behind it. For the tags in ``full_tags`` the score is the whole log-softmax
+at each response position, not only the sampled token's (the dense MOPD objective's teachers,
+:mod:`dressage.training.mopd_dense`). Usage::
 
     bank = TeacherBank(model)                       # backs the student up
     bank.add_teacher("math", "/ckpt/math-teacher")  # HF safetensors folder, validated
@@ -25,12 +27,15 @@ teacher streams in behind it. Usage::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from dressage.training.log_probs import causal_lm_response_log_probs
+from dressage.training.log_probs import (
+    causal_lm_response_log_probs,
+    causal_lm_response_log_softmax,
+)
 from dressage.training.weight_store import WeightStore
 from dressage.training.weight_streaming import CopyEngine, CudaCopies, InlineCopies, LayerStreamer
 
@@ -82,6 +87,7 @@ class TeacherBank(WeightStore):
     ) -> None:
         super().__init__(model, pin_memory=pin_memory)
         self.student_tag = student_tag
+        self._custom_forward = forward is not None
         self._forward = forward or self._hf_forward
         self._temperature, self._chunk_tokens = temperature, chunk_tokens
         self._student_versions: dict[str, int] = {}
@@ -133,6 +139,21 @@ class TeacherBank(WeightStore):
             input_embeddings=input_embeddings,
         )
 
+    def _hf_full_forward(
+        self,
+        tokens: Sequence[Tensor],
+        response_lengths: Sequence[int],
+        input_embeddings: Callable[[Tensor], Tensor] | None,
+    ) -> list[Tensor]:
+        return causal_lm_response_log_softmax(
+            self.model,
+            tokens,
+            response_lengths,
+            temperature=self._temperature,
+            chunk_tokens=self._chunk_tokens,
+            input_embeddings=input_embeddings,
+        )
+
     def _jobs(
         self, lengths: Sequence[int], tags: Sequence[str], max_tokens: int
     ) -> list[tuple[str, list[list[int]]]]:
@@ -160,6 +181,7 @@ class TeacherBank(WeightStore):
         *,
         max_tokens: int = 16384,
         overlap: bool | None = None,
+        full_tags: Collection[str] = (),
     ) -> list[Tensor]:
         """Log-probs of each sample's response tokens under the model its tag names.
 
@@ -170,15 +192,24 @@ class TeacherBank(WeightStore):
             max_tokens: padded tokens per micro-batch.
             overlap: stream weights behind compute (default: on CUDA); on CPU it runs the same
                 schedule with inline copies.
+            full_tags: tags whose samples get the whole log-softmax at each response position,
+                ``[R_i, V]``, instead of ``[R_i]`` (the dense MOPD objective's teachers); the
+                default Hugging Face forward only.
 
         Returns:
-            Per sample ``[R_i]`` float32 log-probs, in the input order, on the model's device.
-            The live parameters hold the student's weights afterwards, bit for bit.
+            Per sample ``[R_i]`` (``[R_i, V]`` for ``full_tags``) float32 log-probs, in the input
+            order, on the model's device. The live parameters hold the student's weights
+            afterwards, bit for bit.
         """
         if not len(tokens) == len(response_lengths) == len(tags):
             raise ValueError(
                 f"score: {len(tokens)} token lists, {len(response_lengths)} response lengths, "
                 f"{len(tags)} tags"
+            )
+        if full_tags and self._custom_forward:
+            raise ValueError(
+                f"score: full_tags {sorted(full_tags)} need the bank's own Hugging Face forward, "
+                "not a custom one"
             )
         jobs = self._jobs([int(t.numel()) for t in tokens], tags, max_tokens)
         if any(tag != self.student_tag for tag, _ in jobs) and not self._student_current():
@@ -187,9 +218,9 @@ class TeacherBank(WeightStore):
         overlap = self.device.type == "cuda" if overlap is None else overlap
         with torch.no_grad():
             if overlap:
-                self._score_overlapped(jobs, tokens, response_lengths, results)
+                self._score_overlapped(jobs, tokens, response_lengths, results, full_tags)
             else:
-                self._score_sequential(jobs, tokens, response_lengths, results)
+                self._score_sequential(jobs, tokens, response_lengths, results, full_tags)
         return [r if r is not None else torch.zeros(0) for r in results]
 
     def _run(
@@ -199,8 +230,11 @@ class TeacherBank(WeightStore):
         response_lengths: Sequence[int],
         results: list[Tensor | None],
         input_embeddings: Callable[[Tensor], Tensor] | None = None,
+        *,
+        full: bool = False,
     ) -> None:
-        out = self._forward(
+        forward = self._hf_full_forward if full else self._forward
+        out = forward(
             [tokens[i] for i in positions],
             [int(response_lengths[i]) for i in positions],
             input_embeddings,
@@ -214,6 +248,7 @@ class TeacherBank(WeightStore):
         tokens: Sequence[Tensor],
         response_lengths: Sequence[int],
         results: list[Tensor | None],
+        full_tags: Collection[str],
     ) -> None:
         live = self.student_tag
         try:
@@ -222,7 +257,7 @@ class TeacherBank(WeightStore):
                     self.restore(tag)
                     live = tag
                 for positions in micro_batches:
-                    self._run(positions, tokens, response_lengths, results)
+                    self._run(positions, tokens, response_lengths, results, full=tag in full_tags)
         finally:
             if live != self.student_tag:
                 self.restore(self.student_tag)
@@ -236,6 +271,7 @@ class TeacherBank(WeightStore):
         tokens: Sequence[Tensor],
         response_lengths: Sequence[int],
         results: list[Tensor | None],
+        full_tags: Collection[str],
     ) -> None:
         if self._streamer is None:
             self._streamer = LayerStreamer(self.model, self.params, self.backups, self._copies())
@@ -252,7 +288,10 @@ class TeacherBank(WeightStore):
                         if j == len(micro_batches) - 1 and following != tag:
                             streamer.arm(tag, following)
                         embeddings = streamer.input_embeddings(tag)
-                        self._run(positions, tokens, response_lengths, results, embeddings)
+                        full = tag in full_tags
+                        self._run(
+                            positions, tokens, response_lengths, results, embeddings, full=full
+                        )
                         if j == len(micro_batches) - 1 and following != tag:
                             streamer.forward_done()
                             live = following

@@ -166,6 +166,80 @@ def test_mopd_steps_toward_fixed_teachers_shrink_the_sampled_token_reverse_kl(
         assert f"rollout/mopd/opd_reverse_kl_train_aggregation_mean/{tid}" in history[0]
 
 
+def _task_vocab_model(seed: int) -> Path:
+    from dressage.tiny import TinyModelSpec, tiny_model_dir
+
+    return tiny_model_dir(TinyModelSpec(vocab="qwen3.5-tasks", seed=seed))
+
+
+@pytest.fixture(scope="module")
+def sharp_task_vocab_teachers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two 704-row-vocabulary teachers far from the student: other seeds, 4x sharper outputs."""
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for tid, seed in (("math", 1), ("code", 2)):
+        model = AutoModelForCausalLM.from_pretrained(str(_task_vocab_model(seed)))
+        with torch.no_grad():
+            model.model.norm.weight.mul_(4.0)
+        folder = tmp_path_factory.mktemp(f"task-vocab-teacher-{tid}")
+        model.save_pretrained(str(folder))
+        out[tid] = folder
+    return out
+
+
+def _dense_kl(student: nn.Module, teachers: list[nn.Module], ids: torch.Tensor, r: int) -> float:
+    """Mean over samples of the token-mean sum_v pS (log pS - log pT), written out."""
+    per_sample = []
+    with torch.no_grad():
+        for row, teacher in zip(ids, teachers, strict=True):
+            log_s = torch.log_softmax(student(row[None]).logits[0, -r - 1 : -1].float(), -1)
+            log_t = torch.log_softmax(teacher(row[None]).logits[0, -r - 1 : -1].float(), -1)
+            per_sample.append(float((log_s.exp() * (log_s - log_t)).sum(-1).mean()))
+    return sum(per_sample) / len(per_sample)
+
+
+def test_dense_mopd_steps_shrink_the_full_reverse_kl_to_each_samples_teacher(
+    sharp_task_vocab_teachers: dict[str, Path],
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    paths = sharp_task_vocab_teachers
+    args = trainer_args(
+        hf_checkpoint=str(_task_vocab_model(0)),
+        device="cpu",
+        weight_decay=0.0,
+        global_batch_size=4,
+        micro_batch_size=2,
+        lr=3e-3,
+        mopd_objective="dense",
+        **MOPD_HOOKS,
+    )
+    trainer = EmbeddedTrainer(args, teachers=paths)
+    prompts = torch.randint(0, 600, (4, 4), generator=torch.Generator().manual_seed(1))
+    ids = sample_responses(trainer.model, prompts, 6, seed=2)  # the student's own samples
+    teacher_ids = ["math", "code", "math", "code"]
+    data = train_data([(4, 6)] * 4, tokens=ids.tolist(), teacher_ids=teacher_ids)
+    loaded = {t: AutoModelForCausalLM.from_pretrained(str(p)).eval() for t, p in paths.items()}
+    teachers = [loaded[t] for t in teacher_ids]
+
+    start = _dense_kl(trainer.model, teachers, ids, 6)
+    history = [trainer.train(k, data) for k in range(20)]
+    end = _dense_kl(trainer.model, teachers, ids, 6)
+    # 0.25 -> 0.03 here; a sign-flipped gradient ends near 2.0, a missing one stays at 0.25
+    assert start > 0.15
+    assert end < 0.3 * start, (start, end)
+    # the trainer's loss is that KL, measured before each step; sampled-token metrics stay
+    assert history[0]["train/mopd_dense_reverse_kl"] == pytest.approx(start, rel=1e-4)
+    assert history[0]["train/mopd_loss"] == history[0]["train/mopd_dense_reverse_kl"]
+    assert "train/mopd_reverse_kl" in history[0] and "rollout/teacher_log_probs" in history[0]
+
+
+def test_an_unknown_mopd_objective_fails_before_the_student_loads() -> None:
+    with pytest.raises(ValueError, match="--mopd-objective must be one of sampled, dense"):
+        _trainer(global_batch_size=1, mopd_objective="topk")
+
+
 def test_saved_weights_load_as_a_hugging_face_model(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -171,7 +171,13 @@ def test_modules_import_without_slime() -> None:
 
 
 # Flags of the MOPD options the project adds to slime's parser (add_mopd_arguments).
-OWN_FLAGS = {"--mopd-config", "--mopd-advantage-clip", "--mopd-metrics-dir", "--dressage-proxy-url"}
+OWN_FLAGS = {
+    "--mopd-config",
+    "--mopd-advantage-clip",
+    "--mopd-objective",
+    "--mopd-metrics-dir",
+    "--dressage-proxy-url",
+}
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,30 @@ def test_scores_equal_each_model_alone_and_the_student_comes_back_bit_for_bit(
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "streamed"])
+def test_full_tags_get_the_whole_log_softmax_at_their_response_positions(
+    student: nn.Module,
+    bank: TeacherBank,
+    batch: tuple[list[torch.Tensor], list[int]],
+    alone: list[torch.Tensor],
+    overlap: bool,
+) -> None:
+    tokens, resp = batch
+    vocab = student.get_output_embeddings().weight.shape[0]
+    before = _snapshot(student)
+    scores = bank.score(tokens, resp, TAGS, max_tokens=20, overlap=overlap, full_tags={"math"})
+    for i, tag in enumerate(TAGS):
+        if tag != "math":  # the others keep their sampled-token log-probs
+            assert torch.allclose(scores[i], alone[i], atol=1e-5), (i, tag)
+            continue
+        assert scores[i].shape == (resp[i], vocab) and scores[i].dtype == torch.float32
+        assert torch.allclose(scores[i].exp().sum(-1), torch.ones(resp[i]), atol=1e-4)
+        picked = scores[i].gather(-1, tokens[i][-resp[i] :, None]).squeeze(-1)
+        assert torch.allclose(picked, alone[i], atol=1e-5), i
+    after = _snapshot(student)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
 def test_streamed_copies_interleave_with_the_previous_models_layers(
     student: nn.Module, bank: TeacherBank, batch: tuple[list[torch.Tensor], list[int]]
 ) -> None:

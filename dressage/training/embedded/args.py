@@ -2,9 +2,10 @@
 
 The embedded trainer reads the same ``argparse.Namespace`` attributes slime's actor reads, so a
 run's options mean the same on one machine and on a cluster. Defaults are slime's / Megatron's
-(``--eps-clip 0.2``, ``--adam-beta2 0.999``, ``--clip-grad 1.0``, ...), plus three of our own:
-``device`` (``auto``/``cpu``/``cuda``), ``mopd_advantage_clip`` (read by the MOPD hook) and
-``log_prob_function_path`` (see ``dressage.training.log_probs``)::
+(``--eps-clip 0.2``, ``--adam-beta2 0.999``, ``--clip-grad 1.0``, ...), plus four of our own:
+``device`` (``auto``/``cpu``/``cuda``), ``mopd_advantage_clip`` and ``mopd_objective`` (read by
+the MOPD hooks; with ``dense`` the trainer also keeps each teacher's whole log-softmax at the
+response positions), and ``log_prob_function_path`` (see ``dressage.training.log_probs``)::
 
     args = trainer_args(global_batch_size=4, lr=1e-5, loss_type="custom_loss", ...)
 """
@@ -66,6 +67,7 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "opd_kl_coef": 1.0,
     "opd_teacher_load": None,
     "mopd_advantage_clip": None,
+    "mopd_objective": "sampled",  # --mopd-objective (dressage.training.mopd_dense)
     "log_prob_function_path": None,
 }
 

@@ -17,10 +17,12 @@ with the same ``args`` (slime's flag names, see ``embedded.args``)::
 Per ``train`` call, as slime's ``train_actor``: check the data (before any forward); keep the
 samples of whole steps (``global_batch_size`` rollouts each, trailing rollouts dropped); score
 log-probs without gradient (student, each sample's teacher via a :class:`TeacherBank`, the
-reference model when a KL needs it); advantages (custom hook or built-in estimator); then per
-step: per micro-batch packed logits ``[1, T, V]``, the loss hook with slime's reducer, backward
-of ``loss / G`` (``G`` = rollouts per step; ``/ tokens`` with ``--calculate-per-token-loss``), so
-the gradient is ``(1/G) sum over rollouts of each rollout's token-mean loss``; grad clip; AdamW.
+reference model when a KL needs it; with ``--mopd-objective dense`` also each teacher's whole
+log-softmax at the response positions, ``teacher_full_log_probs``); advantages (custom hook or
+built-in estimator); then per step: per micro-batch packed logits ``[1, T, V]``, the loss hook
+with slime's reducer, backward of ``loss / G`` (``G`` = rollouts per step; ``/ tokens`` with
+``--calculate-per-token-loss``), so the gradient is ``(1/G) sum over rollouts of each rollout's
+token-mean loss``; grad clip; AdamW.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from dressage.training.embedded.data import check_train_data, select
 from dressage.training.embedded.schedule import Schedule, TrainStep, build_schedule
 from dressage.training.log_probs import causal_lm_packed_logits, causal_lm_response_log_probs
 from dressage.training.losses import policy_loss, sft_loss
+from dressage.training.mopd_dense import mopd_objective
 from dressage.training.mopd_metrics import pop_rollout_metrics
 from dressage.training.reducer import get_sum_of_sample_mean
 from dressage.training.teacher_rotation import TeacherBank, plan_micro_batches
@@ -107,6 +110,8 @@ class EmbeddedTrainer:
             if not hasattr(args, name):
                 setattr(args, name, default)
         self.args = args
+        # dense MOPD: the teachers' whole log-softmax at response positions goes to the loss
+        self.dense = mopd_objective(args) == "dense"
         path = model_path or getattr(args, "hf_checkpoint", None)
         if path is None:
             raise ValueError("no student model: pass model_path or set args.hf_checkpoint")
@@ -228,14 +233,26 @@ class EmbeddedTrainer:
             keys.append("ref_log_probs")
             tags += [_REF_TAG] * n
         max_tokens = int(getattr(self.args, "log_probs_max_tokens", 16384))
+        # dense MOPD: each teacher's whole log-softmax, from which its sampled-token log-probs
+        # are read, so a teacher still runs once
+        full = set(tags[n : 2 * n]) if self.dense and "teacher_log_probs" in keys else set()
         with torch.no_grad(), self._autocast():
             if self.bank is None:
                 out = self._score_student(tokens, resp, max_tokens)
             else:
                 k = len(keys)
-                out = self.bank.score(list(tokens) * k, list(resp) * k, tags, max_tokens=max_tokens)
+                out = self.bank.score(
+                    list(tokens) * k, list(resp) * k, tags, max_tokens=max_tokens, full_tags=full
+                )
         for j, key in enumerate(keys):
             rollout_data[key] = out[j * n : (j + 1) * n]
+        if full:
+            dists = rollout_data["teacher_log_probs"]
+            rollout_data["teacher_full_log_probs"] = dists
+            rollout_data["teacher_log_probs"] = [
+                d.gather(-1, t[t.numel() - r :].to(d.device)[:, None]).squeeze(-1)
+                for d, t, r in zip(dists, tokens, resp, strict=True)
+            ]
 
     def _score_student(
         self, tokens: list[Tensor], resp: list[int], max_tokens: int
@@ -295,6 +312,7 @@ class EmbeddedTrainer:
             "returns",
             "rollout_log_probs",
             "teacher_log_probs",
+            "teacher_full_log_probs",
         ):
             values = rollout_data.get(key)
             batch[key] = None if values is None else [values[i] for i in positions]

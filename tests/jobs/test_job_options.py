@@ -1,0 +1,54 @@
+"""RUN.json's ``advanced`` options reach the embedded trainer's slime-named ``args``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dressage.config.job import JobOptions
+from dressage.config.run import TrainRunConfig
+from dressage.jobs.job_args import job_args
+from dressage.jobs.train import main
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.unit
+
+
+def _run(tmp_path: Path, **advanced: object) -> TrainRunConfig:
+    return TrainRunConfig(
+        objective="mopd",
+        mopd_config=str(REPO / "configs/mopd/embedded.json"),
+        student="tiny:seed=0",
+        engine_url="http://127.0.0.1:9",
+        proxy_url="http://127.0.0.1:9",
+        output_dir=str(tmp_path / "out"),
+        num_steps=2,
+        seed=1,
+        rollout_batch_size=2,
+        advanced=dict(advanced),
+    )
+
+
+@pytest.mark.parametrize("objective", ["sampled", "dense"])
+def test_the_mopd_objective_reaches_the_trainer(tmp_path: Path, objective: str) -> None:
+    run = _run(tmp_path, mopd_objective=objective)
+    options = JobOptions.model_validate(run.advanced)
+    args = job_args(run, options, student=tmp_path, admin_key=None)
+    assert args.mopd_objective == objective
+
+
+def test_the_default_objective_is_sampled(tmp_path: Path) -> None:
+    args = job_args(_run(tmp_path), JobOptions.model_validate({}), student=tmp_path, admin_key=None)
+    assert args.mopd_objective == "sampled"
+
+
+def test_dense_on_the_ray_backend_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(tmp_path, mopd_objective="dense").model_copy(
+        update={"backend": "ray", "engine_url": None, "proxy_url": None}
+    )
+    assert main(["--run-config", str(run.write(tmp_path / "run.json"))]) == 2
+    assert "advanced.mopd_objective 'dense' is embedded-only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
