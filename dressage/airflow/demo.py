@@ -26,9 +26,14 @@ from typing import Any
 PROJECT = Path(__file__).resolve().parents[2]
 DAG_ID = "dressage_mopd"
 EMBEDDED_RECIPE: dict[str, Any] = {
-    "rollout_batch_size": 8,
+    "rollout_batch_size": 16,
     "learning_rate": 2e-3,
-    "extra": {"max_response_len": 24, "agent_max_turns": 2, "eval_interval": 2},
+    "extra": {
+        "max_response_len": 48,
+        "agent_max_turns": 2,
+        "eval_interval": 10,
+        "mopd_objective": "dense",
+    },
 }
 """Settings for the tiny embedded models (the job's defaults are a real model's): a learning rate
 they move at and short agent turns, as tests/e2e/test_mopd_embedded.py trains them; held-out

@@ -10,6 +10,7 @@ thousands of non-embedding parameters, small enough for CPU tests and the embedd
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,6 +39,54 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     head_dim: int = 16
     max_position_embeddings: int = 32768
+    pretrained: str = ""
+    """``generalist``: the shipped pre-trained base (:mod:`dressage.tiny.generalist`) instead of
+    a seeded random init; the other fields must then describe it (:func:`generalist_spec`)."""
+
+
+def generalist_spec() -> TinyModelSpec:
+    """The spec of the shipped generalist base (``base=generalist`` in a ``tiny-sft:`` spec)."""
+    from dressage.tiny.generalist import GENERALIST, PretrainRecipe
+
+    recipe = PretrainRecipe()
+    return TinyModelSpec(
+        vocab=TASK_VOCAB,
+        seed=recipe.seed,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_hidden_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_key_value_heads,
+        head_dim=recipe.head_dim,
+        max_position_embeddings=4096,
+        pretrained=GENERALIST,
+    )
+
+
+def _pretrained_dir(spec: TinyModelSpec) -> Path:
+    from dressage.tiny.generalist import GENERALIST, generalist_dir
+
+    if spec.pretrained != GENERALIST:
+        raise ValueError(f"pretrained={spec.pretrained!r}: the only shipped base is {GENERALIST!r}")
+    expected = generalist_spec()
+    wrong = [
+        f"{name}={value!r} (the base has {getattr(expected, name)!r})"
+        for name, value in asdict(spec).items()
+        if value != getattr(expected, name)
+    ]
+    if wrong:
+        raise ValueError(f"pretrained={GENERALIST}: {', '.join(wrong)}; leave those keys out")
+    return generalist_dir()
+
+
+def model_key(spec: TinyModelSpec) -> str:
+    """What names a tiny model's weights in a cache key: its cache folder's name, or for the
+    shipped base its name and the hash of its weights (a rebuilt base keys new teachers)."""
+    folder = tiny_model_dir(spec)
+    if not spec.pretrained:
+        return folder.name
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
+    return f"{spec.pretrained}-{digest}"
 
 
 def vocab_dir(vocab: str) -> Path:
@@ -86,8 +135,14 @@ def _build(spec: TinyModelSpec, out: Path) -> None:
 
 
 def tiny_model_dir(spec: TinyModelSpec | None = None) -> Path:
-    """Folder of a tiny model plus its tokenizer, in Hugging Face layout."""
+    """Folder of a tiny model plus its tokenizer, in Hugging Face layout.
+
+    Raises:
+        ValueError: ``pretrained`` names no shipped base, or the spec does not describe it.
+    """
     spec = spec or TinyModelSpec()
+    if spec.pretrained:
+        return _pretrained_dir(spec)
     # the tokenizer folder's key: a rebuilt tokenizer (new template, say) gives a new model folder
     tokenizer_key = vocab_dir(spec.vocab).name
     recipe = {"kind": "tiny-qwen3", "version": _RECIPE_VERSION, "tokenizer": tokenizer_key}

@@ -28,12 +28,13 @@ import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 from dressage.assets._cache import cached_build
 
 __all__ = ["TASK_VOCAB", "VOCAB_SIZE", "task_tokenizer_dir"]
 
-TASK_VOCAB = "qwen3.5-tasks"
+TASK_VOCAB: Final = "qwen3.5-tasks"
 """The name :class:`~dressage.tiny.TinyModelSpec` gives this vocabulary (``vocab=...``)."""
 VOCAB_SIZE = 1024
 """Learnt entries (bytes and merges), before the 33 added tokens."""

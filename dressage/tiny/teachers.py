@@ -35,19 +35,20 @@ import argparse
 import hashlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dressage.assets._cache import cached_build, cached_path
-from dressage.tiny.model import TinyModelSpec, tiny_model_dir
+from dressage.tiny.model import TinyModelSpec, generalist_spec, model_key, tiny_model_dir
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from dressage.agents.tasks import TaskInstance
+    from dressage.agents.tools import ToolEnvironment
     from dressage.proxy.tito import TITOTokenizer
 
 __all__ = [
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 SPEC_PREFIX = "tiny-sft:"
-_RECIPE_VERSION = 2
+_RECIPE_VERSION = 3
 _TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "added_tokens")
 HELDOUT_SEED = 10_000
 """``data_seed`` offset of the held-out instances in the report (never trained on)."""
@@ -87,6 +88,7 @@ class TinyTeacherSpec:
     examples: int = 64
     data_seed: int = 0
     train_embeddings: bool = True
+    warmup: int = 10
 
     def __post_init__(self) -> None:
         from dressage.agents.tasks import TASKS
@@ -120,14 +122,21 @@ def parse_teacher_spec(text: str) -> TinyTeacherSpec:
         "examples": int,
         "data_seed": int,
         "train_embeddings": _flag,
+        "warmup": int,
     }
     base: dict[str, Any] = {}
     own: dict[str, Any] = {}
+    pretrained = False
     for item in filter(None, text[len(SPEC_PREFIX) :].split(",")):
         key, sep, raw = item.partition("=")
+        if key == "base":
+            if raw != "generalist":
+                raise ValueError(f"{text!r}: base={raw!r}; the only named base is 'generalist'")
+            pretrained = True
+            continue
         kind = own_types.get(key) or base_types.get(key)
         if not sep or kind is None:
-            known = sorted(own_types) + sorted(base_types)
+            known = ["base", *sorted(own_types), *sorted(base_types)]
             raise ValueError(f"{text!r}: {item!r} is not key=value with key in {known}")
         try:
             value = kind(raw)
@@ -136,7 +145,11 @@ def parse_teacher_spec(text: str) -> TinyTeacherSpec:
         (own if key in own_types else base)[key] = value
     if "task" not in own:
         raise ValueError(f"{text!r}: a teacher needs task=... (one of calculator, lookup)")
-    return TinyTeacherSpec(base=TinyModelSpec(**base), **own)
+    if pretrained and base:
+        raise ValueError(
+            f"{text!r}: base=generalist fixes the model; drop {sorted(base)} from the spec"
+        )
+    return TinyTeacherSpec(base=generalist_spec() if pretrained else TinyModelSpec(**base), **own)
 
 
 def _flag(text: str) -> bool:
@@ -172,20 +185,28 @@ def _assistant_output(
     return tito.encode(text[: closer + len("<|im_end|>")])
 
 
-def _transcript(tito: TITOTokenizer, instance: TaskInstance) -> Transcript:
+def tool_transcript(
+    tito: TITOTokenizer,
+    prompt: str,
+    env: ToolEnvironment,
+    tool: str,
+    arguments: dict[str, Any],
+    label: str,
+) -> Transcript:
+    """The transcript the proxy records when the built-in agent solves ``prompt`` perfectly: its
+    system prompt, the prompt, ``env``'s tools, thinking off; one call of ``tool`` with
+    ``arguments``, the tool's answer (which must be ``label``), then ``label`` as the reply."""
     from dressage.agents.base import AgentTask
-    from dressage.agents.tools import environment_for
 
-    env = environment_for(instance.task, instance.prompt)
-    task = AgentTask(prompt=instance.prompt, task=instance.task)
+    task = AgentTask(prompt=prompt)
     options: dict[str, Any] = {
         "tools": env.specs,
         "chat_template_kwargs": dict(task.chat_template_kwargs),
     }
     messages = task.initial_messages()
     state = tito.start(messages, **options).state
-    arguments = json.dumps(instance.arguments)
-    function = {"name": instance.tool, "arguments": arguments}
+    arguments_json = json.dumps(arguments)
+    function = {"name": tool, "arguments": arguments_json}
     call: dict[str, Any] = {"id": "call_0", "type": "function", "function": function}
     calling: dict[str, Any] = {
         "role": "assistant",
@@ -196,23 +217,28 @@ def _transcript(tito: TITOTokenizer, instance: TaskInstance) -> Transcript:
     tito.record_output(
         state, _assistant_output(tito, messages, calling, options), assistant_message=calling
     )
-    result = env.call(instance.tool, arguments)
-    if result != instance.label:
-        raise RuntimeError(f"{instance}: the tool answers {result!r}, the label is different")
+    result = env.call(tool, arguments_json)
+    if result != label:
+        raise RuntimeError(f"{prompt!r}: the tool answers {result!r}, the label is {label!r}")
     messages = [*messages, calling, {"role": "tool", "tool_call_id": "call_0", "content": result}]
     from dressage.proxy.tito.state import SegmentBoundary
 
     if isinstance(tito.extend(state, messages, **options), SegmentBoundary):
-        raise RuntimeError(f"the ideal transcript of {instance.prompt!r} is not append-only")
-    answer: dict[str, Any] = {
-        "role": "assistant",
-        "content": instance.label,
-        "reasoning_content": "",
-    }
+        raise RuntimeError(f"the ideal transcript of {prompt!r} is not append-only")
+    answer: dict[str, Any] = {"role": "assistant", "content": label, "reasoning_content": ""}
     tito.record_output(
         state, _assistant_output(tito, messages, answer, options), assistant_message=answer
     )
     return Transcript(list(state.ids), list(state.loss_mask))
+
+
+def _transcript(tito: TITOTokenizer, instance: TaskInstance) -> Transcript:
+    from dressage.agents.tools import environment_for
+
+    env = environment_for(instance.task, instance.prompt)
+    return tool_transcript(
+        tito, instance.prompt, env, instance.tool, instance.arguments, instance.label
+    )
 
 
 def teacher_transcripts(
@@ -250,7 +276,8 @@ def _masked_log_probs(model: nn.Module, batch: list[Transcript]) -> torch.Tensor
                 cols.append(p - 1)
                 targets.append(t.ids[p])
     logits = output_embedding_module(model)(hidden[rows, cols]).float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(targets)[:, None]).squeeze(-1)
+    index = torch.tensor(targets, device=logits.device)[:, None]
+    return torch.log_softmax(logits, -1).gather(-1, index).squeeze(-1)
 
 
 def answer_log_prob(model: nn.Module, transcripts: list[Transcript], batch_size: int = 8) -> float:
@@ -265,31 +292,64 @@ def answer_log_prob(model: nn.Module, transcripts: list[Transcript], batch_size:
     return total / max(count, 1)
 
 
-def _fine_tune(model: nn.Module, data: list[Transcript], spec: TinyTeacherSpec) -> list[float]:
+def supervised_train(
+    model: nn.Module,
+    data: Sequence[Transcript],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup: int,
+    seed: int,
+    train_embeddings: bool = True,
+    every: tuple[int, Callable[[int], None]] | None = None,
+) -> list[float]:
+    """AdamW on the mean NLL of the masked tokens of ``batch_size`` transcripts a step (epochs of
+    a seeded permutation), learning rate warmed up over ``warmup`` steps then cosine-decayed to 0
+    at ``steps``, gradient norm clipped at 1; ``every=(n, fn)`` calls ``fn(step)`` every ``n``
+    steps. Returns the loss of every step."""
     import torch
 
     from dressage.causal_lm import input_embedding_module
+    from dressage.tiny.generalist import cosine_schedule
 
-    generator = torch.Generator().manual_seed(spec.data_seed)
-    if not spec.train_embeddings:
+    generator = torch.Generator().manual_seed(seed)
+    if not train_embeddings:
         input_embedding_module(model).weight.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps, warmup))
     order: list[int] = []
     losses = []
     model.train()
-    for _ in range(spec.steps):
-        if len(order) < spec.batch_size:  # epochs of a fresh permutation
+    for step in range(steps):
+        if len(order) < batch_size:  # epochs of a fresh permutation
             order += torch.randperm(len(data), generator=generator).tolist()
-        picked, order = order[: spec.batch_size], order[spec.batch_size :]
+        picked, order = order[:batch_size], order[batch_size:]
         loss = -_masked_log_probs(model, [data[i] for i in picked]).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        schedule.step()
         losses.append(float(loss.detach()))
+        if every and (step + 1) % every[0] == 0:
+            every[1](step + 1)
     model.eval()
     return losses
+
+
+def _fine_tune(model: nn.Module, data: list[Transcript], spec: TinyTeacherSpec) -> list[float]:
+    return supervised_train(
+        model,
+        data,
+        steps=spec.steps,
+        batch_size=spec.batch_size,
+        lr=spec.lr,
+        warmup=spec.warmup,
+        seed=spec.data_seed,
+        train_embeddings=spec.train_embeddings,
+    )
 
 
 def _build(spec: TinyTeacherSpec, base_dir: Path, out: Path) -> None:
@@ -366,7 +426,7 @@ def _recipe(spec: TinyTeacherSpec) -> dict[str, Any]:
     return {
         "kind": "tiny-sft-teacher",
         "version": _RECIPE_VERSION,
-        "base": tiny_model_dir(spec.base).name,
+        "base": model_key(spec.base),
         "agent": _agent_fingerprint(),
         **_spec_dict(spec),
     }
