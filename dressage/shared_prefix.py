@@ -78,10 +78,10 @@ def prefix_groups(
     best = [0] * (n + 1)  # best[j]: most positions skipped by a cut of order[:j]
     start = [0] * (n + 1)  # where the last run of that cut starts
     for j in range(1, n + 1):
-        best[j], start[j] = best[j - 1], j - 1
-        common = -1  # no neighbour pair yet: a run of one
+        best[j], start[j] = best[j - 1], j - 1  # order[j - 1] alone
+        common = shared[j - 2] if j > 1 else 0
         for i in range(j - 2, -1, -1):  # the run order[i:j], growing leftwards
-            common = shared[i] if common < 0 else min(common, shared[i])
+            common = min(common, shared[i])
             gain = (j - i - 1) * common if common >= min_prefix else 0
             if best[i] + gain >= best[j]:
                 best[j], start[j] = best[i] + gain, i
