@@ -2,7 +2,7 @@
 the plain padded forward.
 
     .venv/bin/python bench/shared_prefix.py                  # CPU, ~1 min on 2 cores
-    .venv/bin/python bench/shared_prefix.py --batch 16 --hidden 64 --repeats 5
+    .venv/bin/python bench/shared_prefix.py --batch 16 --hidden 64 --repeats 5 --threads 1
 
 A step is the forward and backward of the teachers' loss, the mean NLL of the assistant's tokens
 (``dressage.tiny.teachers._masked_log_probs``), on a batch of calculator transcripts (system
@@ -16,6 +16,11 @@ Both take turns within each repetition, so load drift on a shared machine hits b
 steps are not timed; the figure is the median. The same run checks that the two agree (largest
 log-prob gap, largest gradient gap relative to the tensor's scale). Target: ratio =
 baseline / ours >= 2. The last line printed is the JSON summary.
+
+On a 2-core machine that another process keeps busy, torch's two threads wait for each other at
+every op, so a step costs per op rather than per FLOP, and ours (a second pass: more, smaller
+ops) looks slower. Measured so on the 2-core development machine beside a CPU teacher build:
+2 threads, baseline 2.99 s, ours 3.62 s; ``--threads 1``, minutes apart, 0.35 s and 0.11 s.
 """
 
 from __future__ import annotations
@@ -59,8 +64,13 @@ def main() -> None:
     parser.add_argument("--task", default="calculator")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each first")
     parser.add_argument("--repeats", type=int, default=9, help="timed steps of each")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
     parser.add_argument("--out", default=None, help="also write the JSON summary here")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from transformers import AutoModelForCausalLM
 
@@ -112,6 +122,7 @@ def main() -> None:
         "hidden": args.hidden,
         "task": args.task,
         "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
         "max_log_prob_gap": lp_gap,
         "max_relative_grad_gap": grad_gap,
     }
