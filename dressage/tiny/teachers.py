@@ -260,14 +260,21 @@ def teacher_transcripts(
 # -- training --------------------------------------------------------------------------------
 
 
-def _masked_log_probs(model: nn.Module, batch: list[Transcript]) -> torch.Tensor:
-    """Log-probs of every masked token of the batch, ``[N]`` (logits only where needed)."""
+def _masked_log_probs(
+    model: nn.Module, batch: list[Transcript], *, shared_prefix: bool = True
+) -> torch.Tensor:
+    """Log-probs of every masked token of the batch, ``[N]`` (logits only where needed).
+
+    ``shared_prefix``: the system prompt and tool list that a task's transcripts share run once
+    per batch (:func:`dressage.shared_prefix.shared_prefix_hidden`, ~3x faster on CPU, same
+    values); False: the plain padded forward."""
     import torch
 
     from dressage.causal_lm import causal_lm_hidden, output_embedding_module
+    from dressage.shared_prefix import shared_prefix_hidden
 
     tokens = [torch.tensor(t.ids) for t in batch]
-    hidden = causal_lm_hidden(model, tokens)
+    hidden = (shared_prefix_hidden if shared_prefix else causal_lm_hidden)(model, tokens)
     rows, cols, targets = [], [], []
     for i, t in enumerate(batch):
         for p in range(1, len(t.ids)):
