@@ -26,7 +26,7 @@ from typing import Any
 PROJECT = Path(__file__).resolve().parents[2]
 DAG_ID = "dressage_mopd"
 EMBEDDED_RECIPE: dict[str, Any] = {
-    "rollout_batch_size": 16,
+    "rollout_batch_size": 32,
     "learning_rate": 2e-3,
     "extra": {
         "max_response_len": 48,
@@ -159,7 +159,7 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dressage.airflow.demo", description=__doc__)
-    parser.add_argument("--steps", type=int, default=int(os.environ.get("DEMO_STEPS", "10")))
+    parser.add_argument("--steps", type=int, default=int(os.environ.get("DEMO_STEPS", "100")))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-root", type=Path, default=PROJECT / "runs" / "demo")
     parser.add_argument("--artifact-root", default=(PROJECT / "runs" / "artifacts").as_uri())

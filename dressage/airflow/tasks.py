@@ -99,7 +99,7 @@ def prepare_checkpoints(plan_data: Mapping[str, Any]) -> dict[str, Any]:
     (it never trains). A checkpoint that is a folder is never built; a config that does not load
     is left for ``validate`` to report."""
     from dressage.config.mopd import MopdConfigError, load_mopd_config
-    from dressage.tiny.checkpoints import build_checkpoint, find_checkpoint, is_built_spec
+    from dressage.tiny.checkpoints import build_checkpoints, find_checkpoint, is_built_spec
 
     plan = RunPlan.model_validate(plan_data)
     try:
@@ -109,17 +109,14 @@ def prepare_checkpoints(plan_data: Mapping[str, Any]) -> dict[str, Any]:
         return {"built": [], "found": []}
     if plan.student and is_built_spec(plan.student):
         specs = list(dict.fromkeys([*specs, plan.student]))
-    built, found = [], []
-    for spec in specs:
-        if find_checkpoint(spec) is not None:
-            found.append(spec)
+    found = [spec for spec in specs if find_checkpoint(spec) is not None]
+    missing = [spec for spec in specs if spec not in found]
+    built = []
+    for spec, outcome in zip(missing, build_checkpoints(missing), strict=True):
+        if isinstance(outcome, ValueError):  # a malformed spec: validate names it
+            log.warning("prepare: %s", outcome)
             continue
-        log.info("prepare: building %s (once; cached)", spec)
-        try:
-            log.info("prepare: %s -> %s", spec, build_checkpoint(spec))
-        except ValueError as exc:  # a malformed spec: validate names it
-            log.warning("prepare: %s", exc)
-            continue
+        log.info("prepare: %s -> %s", spec, outcome)
         built.append(spec)
     return {"built": built, "found": found}
 

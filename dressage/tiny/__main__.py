@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from dressage.assets import QWEN_VOCABS, qwen_tokenizer_dir
 from dressage.tiny import tiny_model_dir
-from dressage.tiny.checkpoints import build_checkpoint, is_built_spec
+from dressage.tiny.checkpoints import build_checkpoints, is_built_spec
 
 __all__ = ["main", "main_argv"]
 
@@ -68,11 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for vocab in QWEN_VOCABS:
         print(f"tokenizer {vocab}: {qwen_tokenizer_dir(vocab)}")
     print(f"tiny model: {tiny_model_dir()}")
-    for spec in specs:
-        try:
-            print(f"{spec}: {build_checkpoint(spec)}", flush=True)
-        except ValueError as exc:  # a malformed spec: its key and value are in the message
-            parser.error(str(exc))
+    for spec, outcome in zip(specs, build_checkpoints(specs), strict=True):
+        if isinstance(outcome, ValueError):  # a malformed spec: its key and value are in it
+            parser.error(str(outcome))
+        print(f"{spec}: {outcome}", flush=True)
     return 0
 
 

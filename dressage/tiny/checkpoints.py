@@ -22,6 +22,7 @@ __all__ = [
     "CheckpointNotBuiltError",
     "TINY_PREFIX",
     "build_checkpoint",
+    "build_checkpoints",
     "find_checkpoint",
     "is_built_spec",
     "parse_tiny_model_spec",
@@ -76,6 +77,35 @@ def build_checkpoint(value: str) -> Path:
     if value.startswith(TINY_PREFIX):
         return tiny_model_dir(parse_tiny_model_spec(value))
     raise ValueError(f"{value!r} is a checkpoint path, not a tiny: or tiny-sft: spec to build")
+
+
+def build_checkpoints(specs: list[str], *, workers: int | None = None) -> list[Path | ValueError]:
+    """:func:`build_checkpoint` for each spec, in parallel processes (one per core, at most one
+    per spec: a teacher's training is single-threaded work, so two cores build two at once).
+
+    Returns, per spec in order, its folder or the ``ValueError`` of a malformed spec; any other
+    failure is raised.
+    """
+    if not specs:
+        return []
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    count = max(1, min(len(specs), workers or cores))
+    if count == 1:
+        return [_try_build(spec) for spec in specs]
+    spawn = multiprocessing.get_context("spawn")  # no fork of a threaded (Airflow) process
+    with ProcessPoolExecutor(count, mp_context=spawn) as pool:
+        return list(pool.map(_try_build, specs))
+
+
+def _try_build(spec: str) -> Path | ValueError:
+    try:
+        return build_checkpoint(spec)
+    except ValueError as exc:
+        return exc
 
 
 class CheckpointNotBuiltError(ValueError):

@@ -202,7 +202,7 @@ class PretrainRecipe:
     head_dim: int = 32
     tasks: tuple[str, ...] = ("length", "reverse", "double", "echo", "echo")
     examples: int = 8192
-    steps: int = 1000
+    steps: int = 2000
     batch_size: int = 32
     lr: float = 5e-3
     warmup: int = 30
@@ -315,7 +315,7 @@ def pretrain(
         if item.is_file() and item.name not in {"recipe.json", ".complete"}:
             shutil.copy2(item, out / item.name)
     report = {
-        "recipe": asdict(recipe),
+        "recipe": json.loads(json.dumps(asdict(recipe))),  # tuples as JSON lists
         "device": device,
         "seconds": round(time.perf_counter() - started, 1),
         "losses_every_50": losses[::50] + losses[-1:],

@@ -112,6 +112,7 @@ NAMES = [
 ]
 PARAMS = ["text", "input", "value", "query", "arg", "data"]
 RAND_TOOLS = False
+PER_TASK = {}
 
 
 def make(task, rng):
@@ -463,7 +464,11 @@ def mopd(
     torch.manual_seed(seed)
     curve = [(0, {t: accuracy(student, v) for t, v in eval_sets.items()}, {})]
     for step in range(1, steps + 1):
-        batch = [inst for t in train_insts for inst in g.sample(train_insts[t], per_task)]
+        batch = [
+            inst
+            for t in train_insts
+            for inst in g.sample(train_insts[t], PER_TASK.get(t, per_task))
+        ]
         runs = rollout(student, batch, greedy=False)
         seqs, masks = [r["seq"] for r in runs], [r["mask"] for r in runs]
         by_teacher = {}
@@ -560,20 +565,28 @@ if __name__ == "__main__":
         return out
 
     # 1. base: aux pretraining
-    base = new_model(
-        cfg.get("seed", 0), hidden, layers, heads=cfg.get("heads", 4), kv=cfg.get("kv", 2)
-    )
+    if cfg.get("base_from"):
+        base = Qwen3ForCausalLM.from_pretrained(cfg["base_from"], dtype=torch.float32).to(DEV)
+        cfg["base_steps"] = 0
+    else:
+        base = new_model(
+            cfg.get("seed", 0), hidden, layers, heads=cfg.get("heads", 4), kv=cfg.get("kv", 2)
+        )
     auxdata = [x for t in aux for x in data[t]]
     t1 = time.time()
-    hist = sft(
-        base,
-        auxdata,
-        cfg.get("base_steps", 1500),
-        bs=32,
-        lr=cfg.get("base_lr", 1e-2),
-        seed=1,
-        log_every=250,
-        evalf=ev,
+    hist = (
+        []
+        if not cfg.get("base_steps", 1500)
+        else sft(
+            base,
+            auxdata,
+            cfg.get("base_steps", 1500),
+            bs=32,
+            lr=cfg.get("base_lr", 1e-2),
+            seed=1,
+            log_every=250,
+            evalf=ev,
+        )
     )
     for h in hist:
         print("  base", h, flush=True)
@@ -588,7 +601,7 @@ if __name__ == "__main__":
             data[task],
             cfg.get("teacher_steps_" + task, cfg.get("teacher_steps", 300)),
             bs=32,
-            lr=cfg.get("teacher_lr", 3e-3),
+            lr=cfg.get("teacher_lr_" + task, cfg.get("teacher_lr", 3e-3)),
             warm=10,
             seed=2,
             log_every=cfg.get("teacher_log_every", 100),
@@ -621,6 +634,8 @@ if __name__ == "__main__":
         t1 = time.time()
         route = var.get("route", {"calculator": "calculator", "lookup": "lookup"})
         st = copy.deepcopy(students[var.get("student", 15)])
+        PER_TASK.clear()
+        PER_TASK.update(var.get("per_task_map", {}))
         print(f"MOPD {var}", flush=True)
         curve = mopd(
             st,

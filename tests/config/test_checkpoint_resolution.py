@@ -56,3 +56,17 @@ def test_validation_reports_the_unbuilt_teacher_under_its_name(tmp_path: Path) -
     assert "is not built yet" in message and "dressage assets" in message
     assert vocab and vocab > 100  # the student (built) was still inspected
     assert cached_teacher_dir(parse_teacher_spec(UNBUILT)) is None
+
+
+@pytest.mark.integration
+def test_build_checkpoints_builds_in_parallel_and_returns_bad_specs_as_errors() -> None:
+    """Two specs in two processes: each comes back as its folder, in order; a malformed spec
+    comes back as its ValueError (naming the key) instead of stopping the others."""
+    from dressage.tiny.checkpoints import build_checkpoints
+    from dressage.tiny.model import TinyModelSpec, tiny_model_dir
+
+    specs = ["tiny:seed=41,hidden_size=16,head_dim=4", "tiny:seed=42,colour=red"]
+    first, second = build_checkpoints(specs, workers=2)
+    assert first == tiny_model_dir(TinyModelSpec(seed=41, hidden_size=16, head_dim=4))
+    assert isinstance(second, ValueError) and "colour=red" in str(second)
+    assert build_checkpoints([]) == []

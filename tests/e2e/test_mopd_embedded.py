@@ -44,7 +44,7 @@ EMBEDDED = REPO / "configs/mopd/embedded.json"
 STEPS = 10
 BATCH = 8  # prompts per step (one trajectory each; MOPD takes n_samples_per_prompt = 1)
 LR = 2e-3
-MAX_TOKENS = 24  # per model call
+MAX_TOKENS = 48  # per model call (a calculator call is about 20 tokens of the task vocabulary)
 KL_PREFIX = "rollout/mopd/opd_reverse_kl_train_aggregation_mean/"
 
 
@@ -57,20 +57,16 @@ def _check_tables(samples: list[Sample], train_data: dict[str, Any]) -> None:
         assert report.ok, report.to_json()
 
 
-@pytest.fixture(scope="module")
-def tito(qwen35_tokenizer: Any) -> TITOTokenizer:
-    return create_tito_tokenizer(qwen35_tokenizer, "qwen3.5")
-
-
-def test_mopd_through_engine_and_proxy_pulls_the_student_to_its_teachers(
-    tmp_path: Path, tito: TITOTokenizer
-) -> None:
+def test_mopd_through_engine_and_proxy_pulls_the_student_to_its_teachers(tmp_path: Path) -> None:
+    from dressage.assets.tokenizers import load_tokenizer
     from dressage.engine.testing import serve_engine
 
     started = time.monotonic()
     config = load_mopd_config(EMBEDDED).materialize(resolve_checkpoint)  # built by the fixture
     assert config.student is not None
     student = config.student.hf_checkpoint
+    # the proxy speaks the student's own (task) vocabulary in the Qwen3.5 chat format
+    tito: TITOTokenizer = create_tito_tokenizer(load_tokenizer(str(student)), "qwen3.5")
     teachers = {tid: t.load for tid, t in config.teachers.items()}
     with (
         serve_engine(
@@ -94,6 +90,7 @@ def test_mopd_through_engine_and_proxy_pulls_the_student_to_its_teachers(
             rollout_max_response_len=MAX_TOKENS,
             rollout_temperature=1.0,
             rollout_shuffle=True,
+            mopd_objective="dense",
             loss_type="custom_loss",
             advantage_estimator="mopd",
             rewards_normalization=False,
