@@ -26,13 +26,14 @@ from tests.helpers import REPO, free_port
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("embedded_checkpoints")]
 
 EMBEDDED = str(REPO / "configs/mopd/embedded.json")
+STUDENT = json.loads(Path(EMBEDDED).read_text())["student"]["hf_checkpoint"]
 
 
 def _run(tmp_path: Path, objective: str = "mopd", **advanced: object) -> TrainRunConfig:
     return TrainRunConfig(
         objective=objective,  # type: ignore[arg-type]
         mopd_config=EMBEDDED,
-        student="tiny:seed=0",
+        student=STUDENT,
         engine_url=None,
         proxy_url=None,
         output_dir=str(tmp_path / "out"),
