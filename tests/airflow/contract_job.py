@@ -81,7 +81,8 @@ def _check_engine_key(engine_url: str, proxy_url: str) -> None:
 def _segments(step: int, teacher: str, n: int) -> list[Segment]:
     out = []
     for i in range(n):
-        tokens = [100 + step, 200 + i, 300, 400 + i, 151645]
+        # ids inside every vocabulary a student may have (the task vocabulary has 704 rows)
+        tokens = [100 + step, 200 + i, 300, 400 + i, 650]
         out.append(
             Segment(
                 session_id=f"{teacher}-{step}-{i}",
