@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,103 +36,37 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dressage.config.mopd import load_mopd_config  # noqa: E402
-from dressage.config.run import TrainRunConfig  # noqa: E402
-from dressage.launch.local import LocalLauncher  # noqa: E402
-from dressage.launch.services import ServicePlan, start_services, stop_services  # noqa: E402
-from dressage.reporting.metrics import read_metrics  # noqa: E402
+from dressage.testing.mopd_run import ROUTINGS, routed_config, run_mopd_job  # noqa: E402
 from dressage.tiny.checkpoints import build_checkpoints, resolve_checkpoint  # noqa: E402
 
 EMBEDDED = ROOT / "configs/mopd/embedded.json"
 TASKS = ("calculator", "lookup")
-CONDITIONS = ("configured", "swapped", "one_teacher")
-
-
-def variant(config: dict[str, Any], condition: str, folder: Path) -> Path:
-    """The embedded config with the datasets' routing changed (paths made absolute)."""
-    data = json.loads(json.dumps(config))
-    for ds in data["datasets"]:
-        ds["path"] = str(EMBEDDED.parent / ds["path"])
-        ds["eval_path"] = str(EMBEDDED.parent / ds["eval_path"])
-        if condition == "swapped":
-            ds["teacher_id"] = "lookup" if ds["teacher_id"] == "calculator" else "calculator"
-        elif condition == "one_teacher":
-            ds["teacher_id"] = "calculator"
-    if condition == "one_teacher":
-        data["teachers"] = {"calculator": data["teachers"]["calculator"]}
-    path = folder / f"{condition}.json"
-    path.write_text(json.dumps(data, indent=1))
-    return path
 
 
 def run_one(
-    condition: str, seed: int, config: Path, student: Path, args: argparse.Namespace, work: Path
+    condition: str, seed: int, student: Path, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
-    """One job against its own engine and proxy; returns its first and last accuracies."""
-    folder = work / f"{condition}-s{seed}"
-    folder.mkdir(parents=True)
-    launcher = LocalLauncher(folder / "jobs")
-    plan = ServicePlan(
-        student=student,
-        store_dir=folder / "store",
-        admin_key_file=folder / "secrets" / "admin_key",
-        id_prefix=f"bench-{condition}-{seed}",
+    """One job (its own engine and proxy); its accuracies before the first step and after."""
+    config = routed_config(EMBEDDED, condition, work / "configs")  # type: ignore[arg-type]
+    result = run_mopd_job(
+        config,
+        student,
+        work / f"{condition}-s{seed}",
+        seed=seed,
+        steps=args.steps,
+        prompts_per_step=args.batch,
+        learning_rate=args.lr,
+        device=args.device,
     )
-    started = time.monotonic()
-    services = start_services(launcher, plan)
-    try:
-        run = TrainRunConfig(
-            objective="mopd",
-            mopd_config=str(config),
-            student=str(student),
-            engine_url=services.engine_url,
-            proxy_url=services.proxy_url,
-            output_dir=str(folder / "output"),
-            num_steps=args.steps,
-            seed=seed,
-            rollout_batch_size=args.batch,
-            advanced={
-                "learning_rate": args.lr,
-                "max_response_len": 48,
-                "agent_max_turns": 2,
-                "eval_interval": args.steps,
-                "mopd_objective": "dense",
-                "device": args.device,
-            },
-        )
-        run_json = run.write(folder / "run.json")
-        env = {
-            **os.environ,
-            "DRESSAGE_PROXY_ADMIN_KEY": plan.admin_key_file.read_text().strip(),
-            "DRESSAGE_ENGINE_ADMIN_KEY": plan.engine_key_path.read_text().strip(),
-        }
-        with (folder / "job.log").open("w") as log:
-            code = subprocess.run(
-                [sys.executable, "-m", "dressage.jobs.train", "--run-config", str(run_json)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                check=False,
-            ).returncode
-    finally:
-        stop_services(launcher, services.submission_ids)
-    if code != 0:
-        tail = (folder / "job.log").read_text()[-2000:]
-        raise RuntimeError(f"{condition} seed {seed}: the job exited {code}:\n{tail}")
-    evals = [
-        r["metrics"]
-        for r in read_metrics(folder / "output" / "metrics.jsonl")
-        if any(k.startswith("eval/accuracy/") for k in r.get("metrics", {}))
-    ]
-    first, last = evals[0], evals[-1]
-    result = {
+    row = {
         "condition": condition,
         "seed": seed,
-        "before": {t: first[f"eval/accuracy/{t}"] for t in TASKS},
-        "after": {t: last[f"eval/accuracy/{t}"] for t in TASKS},
-        "seconds": round(time.monotonic() - started, 1),
+        "before": result.before,
+        "after": result.after,
+        "seconds": result.seconds,
     }
-    print(json.dumps(result), flush=True)
-    return result
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def summarise(values: list[float]) -> tuple[float, float]:
@@ -158,14 +90,11 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mopd-transfer-") as tmp:
         work = Path(tmp)
-        configs = {c: variant(config, c, work) for c in CONDITIONS}
-        jobs = [(c, s) for s in args.seeds for c in CONDITIONS]
+        jobs = [(c, s) for s in args.seeds for c in ROUTINGS]
         with ThreadPoolExecutor(args.parallel) as pool:
-            results = list(
-                pool.map(lambda job: run_one(*job, configs[job[0]], student, args, work), jobs)
-            )
+            results = list(pool.map(lambda job: run_one(*job, student, args, work), jobs))
     table: dict[str, dict[str, tuple[float, float]]] = {}
-    for condition in CONDITIONS:
+    for condition in ROUTINGS:
         runs = [r for r in results if r["condition"] == condition]
         table[condition] = {t: summarise([r["after"][t] for r in runs]) for t in TASKS}
     table["no_training"] = {t: summarise([r["before"][t] for r in results]) for t in TASKS}
