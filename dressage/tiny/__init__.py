@@ -2,7 +2,9 @@
 
 - :mod:`~dressage.tiny.task_tokenizer`: a small Qwen3.5-format vocabulary learnt from the tasks;
 - :mod:`~dressage.tiny.model`: tiny Qwen3-architecture models initialised from a seed;
-- :mod:`~dressage.tiny.teachers`: tiny teachers, the tiny model fine-tuned on one task (the
+- :mod:`~dressage.tiny.generalist`: the shipped base, pre-trained here on auxiliary tool tasks,
+  that the embedded default's teachers and student start from;
+- :mod:`~dressage.tiny.teachers`: tiny teachers, a tiny model fine-tuned on one task (the
   *tiny teachers*; rotating teachers through the trainer's GPU buffers is
   :mod:`dressage.training.teacher_rotation`);
 - :mod:`~dressage.tiny.checkpoints`: the ``tiny:`` / ``tiny-sft:`` checkpoint specs a MOPD config

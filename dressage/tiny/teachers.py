@@ -5,10 +5,13 @@
 
     python -m dressage.tiny.teachers calculator lookup          # build, print the evidence
 
-The MOPD config names one as ``tiny-sft:task=calculator[,seed=0,steps=48,...]`` (resolved by
-:func:`dressage.tiny.checkpoints.resolve_checkpoint`). Keys: ``task``; the base model's
-:class:`~dressage.tiny.TinyModelSpec` fields (``seed``, ``vocab``, ``hidden_size``, ...); the
-recipe's ``steps``, ``lr``, ``batch_size``, ``examples``, ``data_seed``.
+The MOPD config names one as ``tiny-sft:task=calculator[,base=generalist,steps=48,...]``
+(resolved by :func:`dressage.tiny.checkpoints.resolve_checkpoint`). Keys: ``task``; the base:
+``base=generalist`` (the shipped pre-trained base, :mod:`dressage.tiny.generalist`: what the
+embedded default uses) or the fields of a seeded random :class:`~dressage.tiny.TinyModelSpec`
+(``seed``, ``vocab``, ``hidden_size``, ...); the recipe's ``steps``, ``lr``, ``warmup``,
+``batch_size``, ``examples``, ``data_seed``. ``task=calculator+lookup`` fine-tunes on both
+(the embedded default's student).
 
 Recipe. ``examples`` instances of the task (:mod:`dressage.agents.tasks`) become the transcript
 the built-in tool agent would leave at the proxy if it solved them perfectly: its system prompt,
@@ -16,10 +19,12 @@ the task, the task's tools, thinking off; the assistant calls the tool, the tool
 assistant replies with the label. The token ids and the loss mask are built by the proxy's own
 TITO tokenizer, so the teacher is trained on exactly the contexts the proxy will score (the mask
 covers the assistant's tokens only). Then ``steps`` AdamW steps of mean next-token NLL over
-masked tokens, ``batch_size`` transcripts each, on CPU, seeded: the same recipe gives the same
-weights. The base defaults to the student's seed: teachers that specialise the student's own
-initialisation are what MOPD can reach on-policy (a teacher from another random init shares no
-embedding geometry with the student, and the student's samples say little about it).
+masked tokens, ``batch_size`` transcripts each (the prompt prefix they share computed once:
+:mod:`dressage.shared_prefix`), the learning rate warmed up over ``warmup`` steps then
+cosine-decayed, on CPU, seeded: the same recipe gives the same weights on the same machine.
+Teachers and student specialise the same base: that is what MOPD can reach on-policy (a teacher
+from another init shares no embedding geometry with the student, and the student's samples say
+little about it).
 
 The folder holds the model, the tokenizer and ``sft_report.json``: the loss of every step, the
 mean log-prob of the answer tokens on held-out instances for the base and the teacher, and
