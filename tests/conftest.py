@@ -43,10 +43,14 @@ def embedded_checkpoints() -> list[Path]:
     ``dressage assets --config configs/mopd/embedded.json`` and the DAGs' prepare task do):
     resolving a checkpoint never trains one, so tests that resolve them build them first."""
     from dressage.config.mopd import load_mopd_config
-    from dressage.tiny.checkpoints import build_checkpoint
+    from dressage.tiny.checkpoints import build_checkpoints
 
     config = load_mopd_config(Path(__file__).parents[1] / "configs/mopd/embedded.json")
-    return [build_checkpoint(spec) for spec in config.built_specs()]
+    built = build_checkpoints(config.built_specs())  # in parallel processes, once; cached
+    for outcome in built:
+        if isinstance(outcome, ValueError):
+            raise outcome
+    return [path for path in built if isinstance(path, Path)]
 
 
 @pytest.fixture

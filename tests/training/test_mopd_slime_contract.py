@@ -188,6 +188,7 @@ OWN_FLAGS = {
     ],
     ids=["separate", "colocate-wandb"],
 )
+@pytest.mark.usefixtures("embedded_checkpoints")  # the command is built from resolved checkpoints
 def test_every_built_flag_is_slimes_megatrons_or_ours(
     layout: dict[str, Any], tmp_path: Path
 ) -> None:
