@@ -250,13 +250,13 @@ def pretrain(
     recipe: PretrainRecipe, out: Path, *, device: str = "cpu", log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Pre-train the base per ``recipe`` into ``out`` (model, tokenizer, ``report.json``)."""
-    import shutil
 
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoTokenizer
 
     from dressage.proxy.tito import create_tito_tokenizer
-    from dressage.tiny.task_tokenizer import task_tokenizer_dir
+    from dressage.tiny.model import TinyModelSpec, copy_tokenizer, init_tiny_model
+    from dressage.tiny.task_tokenizer import TASK_VOCAB, task_tokenizer_dir
     from dressage.tiny.teachers import supervised_train, teacher_transcripts
 
     started = time.perf_counter()
@@ -272,23 +272,19 @@ def pretrain(
         for t in ("calculator", "lookup")
     }
     log(f"data: {len(data)} transcripts in {time.perf_counter() - started:.1f}s")
-    vocab = tokenizer.get_vocab()
-    config = Qwen3Config(
-        vocab_size=-(-len(tokenizer) // 64) * 64,
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_hidden_layers,
-        num_attention_heads=recipe.num_attention_heads,
-        num_key_value_heads=recipe.num_key_value_heads,
-        head_dim=recipe.head_dim,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=vocab["<|im_end|>"],
-        pad_token_id=vocab["<|endoftext|>"],
+    model = init_tiny_model(
+        TinyModelSpec(
+            vocab=TASK_VOCAB,
+            seed=recipe.seed,
+            hidden_size=recipe.hidden_size,
+            intermediate_size=recipe.intermediate_size,
+            num_hidden_layers=recipe.num_hidden_layers,
+            num_attention_heads=recipe.num_attention_heads,
+            num_key_value_heads=recipe.num_key_value_heads,
+            head_dim=recipe.head_dim,
+            max_position_embeddings=4096,
+        )
     )
-    torch.manual_seed(recipe.seed)
-    model = Qwen3ForCausalLM(config)
     cast("nn.Module", model).to(torch.device(device))
 
     def measure(step: int) -> None:
@@ -311,9 +307,7 @@ def pretrain(
     accuracy = {t: greedy_exact(model, v) for t, v in {**heldout, **targets}.items()}
     cast("nn.Module", model).to(torch.device("cpu"))
     model.save_pretrained(str(out), safe_serialization=True)
-    for item in tok_dir.iterdir():
-        if item.is_file() and item.name not in {"recipe.json", ".complete"}:
-            shutil.copy2(item, out / item.name)
+    copy_tokenizer(tok_dir, out)
     report = {
         "recipe": json.loads(json.dumps(asdict(recipe))),  # tuples as JSON lists
         "device": device,

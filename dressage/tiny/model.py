@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from dressage.assets._cache import cached_build
 from dressage.assets.tokenizers import QWEN_VOCABS, QwenVocab, qwen_tokenizer_dir
@@ -98,18 +98,16 @@ def vocab_dir(vocab: str) -> Path:
     raise ValueError(f"unknown vocabulary {vocab!r}; expected one of {[*QWEN_VOCABS, TASK_VOCAB]}")
 
 
-def _build(spec: TinyModelSpec, out: Path) -> None:
-    import shutil
-
+def init_tiny_model(spec: TinyModelSpec) -> Any:
+    """A fresh Qwen3 causal LM per ``spec`` (architecture, vocabulary, seed), not saved; the
+    global torch generator is left as it was."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    tok_dir = vocab_dir(spec.vocab)
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(vocab_dir(spec.vocab)))
     vocab = tokenizer.get_vocab()
-    vocab_size = -(-len(tokenizer) // 64) * 64
     config = Qwen3Config(
-        vocab_size=vocab_size,
+        vocab_size=-(-len(tokenizer) // 64) * 64,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
@@ -125,13 +123,23 @@ def _build(spec: TinyModelSpec, out: Path) -> None:
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(spec.seed)
-        model = Qwen3ForCausalLM(config)
+        return Qwen3ForCausalLM(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.save_pretrained(str(out), safe_serialization=True)
+
+
+def copy_tokenizer(tok_dir: Path, out: Path) -> None:
+    """The tokenizer files of a tokenizer cache folder, copied beside a model in ``out``."""
+    import shutil
+
     for item in tok_dir.iterdir():
         if item.is_file() and item.name not in {"recipe.json", ".complete"}:
             shutil.copy2(item, out / item.name)
+
+
+def _build(spec: TinyModelSpec, out: Path) -> None:
+    init_tiny_model(spec).save_pretrained(str(out), safe_serialization=True)
+    copy_tokenizer(vocab_dir(spec.vocab), out)
 
 
 def tiny_model_dir(spec: TinyModelSpec | None = None) -> Path:
