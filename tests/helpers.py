@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import socket
 from collections import Counter
 from pathlib import Path
@@ -18,10 +19,34 @@ def slime_root() -> Path | None:
     return Path(value).resolve() if value else None
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now, never handed out before in this process, and below the
+    kernel's ephemeral range: a port from ``bind(0)`` lies in that range, where any outgoing
+    connection of a test running beside this one can take it before the service under test binds
+    it (it happened to a Ray head in CI)."""
+    rng = random.Random()
+    high = min(_ephemeral_low(), 32768)
+    while True:
+        port = rng.randrange(20000, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
 
 
 ENGINE_KEY = "engine-control-key-for-tests"

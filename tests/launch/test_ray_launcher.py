@@ -47,24 +47,19 @@ def _wait_for_jobs_api(address: str, proc: subprocess.Popen[bytes], log: Path) -
     raise RuntimeError(f"Ray's Jobs API at {address} did not come up:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    ray = Path(PY).parent / "ray"
-    if not ray.exists():
-        pytest.skip("ray is not installed in this environment")
-    temp = Path(tempfile.mkdtemp(prefix="dray", dir="/tmp"))  # Ray's socket paths must be short
-    dashboard = free_port()
-    ports = {
-        "--port": free_port(),
-        "--dashboard-port": dashboard,
-        "--dashboard-agent-listen-port": free_port(),
-        "--dashboard-agent-grpc-port": free_port(),
-        "--metrics-export-port": free_port(),
-        "--runtime-env-agent-port": free_port(),
-        "--node-manager-port": free_port(),
-        "--object-manager-port": free_port(),
-        "--ray-client-server-port": free_port(),
-    }
+def _start_head(ray: Path, temp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    flags = [
+        "--port",
+        "--dashboard-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--metrics-export-port",
+        "--runtime-env-agent-port",
+        "--node-manager-port",
+        "--object-manager-port",
+        "--ray-client-server-port",
+    ]
+    ports = {flag: free_port() for flag in flags}
     argv = [str(ray), "start", "--head", "--block", "--num-cpus=2", "--disable-usage-stats"]
     argv += ["--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--temp-dir={temp}"]
     argv += [f"{flag}={port}" for flag, port in ports.items()]
@@ -73,30 +68,51 @@ def ray_address() -> Iterator[str]:
         "RAY_AUTH_MODE": "disabled",
         "PATH": f"{Path(PY).parent}:{os.environ['PATH']}",
     }
-    log = temp / "head.log"
-    with open(log, "wb") as out:
+    with open(temp / "head.log", "wb") as out:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    address = f"http://127.0.0.1:{dashboard}"
+    return proc, f"http://127.0.0.1:{ports['--dashboard-port']}"
+
+
+def _stop_head(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            time.sleep(0.5)  # the group's other processes end with their leader
+        except subprocess.TimeoutExpired:
+            continue
     try:
-        _wait_for_jobs_api(address, proc, log)
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    ray = Path(PY).parent / "ray"
+    if not ray.exists():
+        pytest.skip("ray is not installed in this environment")
+    temp = Path(tempfile.mkdtemp(prefix="dray", dir="/tmp"))  # Ray's socket paths must be short
+    proc = None
+    try:
+        for attempt in range(3):  # a port can still be taken between the check and Ray's bind
+            proc, address = _start_head(ray, temp)
+            try:
+                _wait_for_jobs_api(address, proc, temp / "head.log")
+                break
+            except RuntimeError as exc:
+                _stop_head(proc)
+                if "already occupied" not in str(exc) or attempt == 2:
+                    raise
         yield address
     finally:
-        for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait_s)
-                time.sleep(0.5)  # the group's other processes end with their leader
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            _stop_head(proc)
         time.sleep(1.0)  # let the killed processes' files close before removing their folder
         shutil.rmtree(temp, ignore_errors=True)
 
