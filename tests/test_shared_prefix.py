@@ -142,3 +142,47 @@ def test_without_a_shared_prefix_it_is_the_plain_forward(model: Any, mixed: list
         assert torch.equal(shared_prefix_hidden(model, batch), causal_lm_hidden(model, batch))
     with pytest.raises(ValueError, match=r"non-empty sequences, got lengths \[.*, 0\]"):
         shared_prefix_hidden(model, [mixed[0], torch.tensor([], dtype=torch.long)])
+
+
+@pytest.mark.unit
+def test_the_trainers_log_probs_and_packed_logits_compute_each_prefix_once(
+    model: Any, mixed: list[Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scoring (response log-probs, the dense objective's log-softmax) and the loss hook's packed
+    logits run each task's prompt once, and give the plain forward's values."""
+    import dressage.shared_prefix as sp
+    from dressage.causal_lm import output_embedding_module
+    from dressage.training.log_probs import (
+        causal_lm_packed_logits,
+        causal_lm_response_log_probs,
+        causal_lm_response_log_softmax,
+    )
+
+    passes: list[int] = []
+    group_hidden = sp._group_hidden
+
+    def counted(model: Any, tokens: Any, prefix_length: int) -> Tensor:
+        passes.append(len(tokens))
+        return group_hidden(model, tokens, prefix_length)
+
+    monkeypatch.setattr(sp, "_group_hidden", counted)
+    resp = [12] * len(mixed)
+    with torch.no_grad():
+        plain = causal_lm_hidden(model, mixed)
+        head = output_embedding_module(model)
+        want = [
+            torch.log_softmax(head(plain[i, t.numel() - r - 1 : t.numel() - 1]), -1)
+            for i, (t, r) in enumerate(zip(mixed, resp, strict=True))
+        ]
+        got = causal_lm_response_log_probs(model, mixed, resp)
+        assert sorted(passes) == [3, 3]  # one pass per task's prompt, three members each
+        dense = causal_lm_response_log_softmax(model, mixed, resp)
+        packed = causal_lm_packed_logits(model, mixed)
+    assert len(passes) == 6
+    for i, t in enumerate(mixed):
+        target = t[t.numel() - resp[i] :]
+        torch.testing.assert_close(got[i], want[i].gather(-1, target[:, None]).squeeze(-1),
+                                   rtol=0, atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(dense[i], want[i], rtol=0, atol=1e-5)
+    flat = torch.cat([plain[i, : t.numel()] for i, t in enumerate(mixed)])
+    torch.testing.assert_close(packed[0], head(flat).detach(), rtol=0, atol=1e-5)

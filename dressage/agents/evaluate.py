@@ -92,9 +92,9 @@ async def _one(
     api_key: str | None,
 ) -> float | str:
     import httpx
-    from openai import AsyncOpenAI
 
     from dressage.agents.base import AgentTask
+    from dressage.agents.client import agent_client
     from dressage.agents.registry import load_agent
     from dressage.proxy.client import ProxyClientError
 
@@ -105,11 +105,10 @@ async def _one(
         sampling={"max_tokens": max_tokens, "top_k": 1},
         max_turns=max_turns,
     )
-    client = AsyncOpenAI(
-        base_url=proxy.session_base_url(session),
+    client = agent_client(
+        proxy.session_base_url(session),
         api_key=api_key or proxy.admin_key or "unused",
-        max_retries=0,
-        timeout=timeout_s,
+        timeout_s=timeout_s,
     )
     try:
         result = await asyncio.wait_for(load_agent(agent)(client, task), timeout_s)

@@ -68,6 +68,11 @@ class JobOptions(BaseModel):
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
     """``dense``: the reverse KL to the teacher over the whole vocabulary; embedded backend
     only (the ray backend refuses it)."""
+    max_tokens_per_gpu: int | None = Field(None, ge=1)
+    """Dynamic micro-batching for the embedded trainer (slime's ``--use-dynamic-batch-size
+    --max-tokens-per-gpu``): each optimizer step's samples packed into micro-batches of at most
+    this many tokens; None: slime's default, one sample per micro-batch. The ray backend reads
+    ``cluster.max_tokens_per_gpu``."""
     shuffle: bool = False
     eval_interval: int | None = Field(1, ge=1)
     """Steps between held-out accuracy passes (slime's ``--eval-interval``; the embedded job,

@@ -42,6 +42,8 @@ def job_args(
         "seed": run.seed,
         "lr": options.learning_rate,
         "global_batch_size": run.rollout_batch_size * n,
+        "use_dynamic_batch_size": options.max_tokens_per_gpu is not None,
+        "max_tokens_per_gpu": options.max_tokens_per_gpu,
         "rollout_temperature": options.temperature,
         # driver (slime's train_async.py names)
         "num_rollout": run.num_steps,

@@ -45,6 +45,7 @@ from dressage.config.run import TrainRunConfig
 from dressage.jobs.job_args import job_args
 from dressage.jobs.outputs import RunOutputs
 from dressage.reporting.metrics import HELDOUT_KL_PREFIX as HELDOUT_KL
+from dressage.slime.periodic import periodic_action
 from dressage.tiny.checkpoints import CheckpointNotBuiltError, resolve_checkpoint
 
 __all__ = ["JobConfigError", "main", "run_job"]
@@ -170,8 +171,14 @@ def run_job(run_config: Path) -> dict[str, Any]:
             initial_accuracy = accuracy.measure()
             outputs.evaluation(-1, initial_accuracy)
 
+        probe_due = periodic_action()
+
         def on_trained(batch: RolloutBatch, metrics: dict[str, float]) -> None:
-            if probe is not None:
+            # the held-out KL where the accuracy is measured (--eval-interval) and after the
+            # last step: every step, it cost a third of a step on the embedded default
+            if probe is not None and probe_due(
+                batch.rollout_id, options.eval_interval or run.num_steps, None, run.num_steps
+            ):
                 held_out = probe.measure(trainer.model)
                 metrics = metrics | {f"{HELDOUT_KL}{k}": v for k, v in held_out.items()}
             outputs.step(batch, metrics, pause.events[-1] if pause.events else None)
@@ -215,8 +222,6 @@ def run_job(run_config: Path) -> dict[str, Any]:
 
 def _evaluated_last(args: Any, num_steps: int) -> bool:
     """Whether the driver's eval pass ran after the last step (``--eval-interval``)."""
-    from dressage.slime.periodic import periodic_action
-
     interval = getattr(args, "eval_interval", None)
     return num_steps > 0 and bool(periodic_action()(num_steps - 1, interval, None, None))
 

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from dressage.tls import tls_context
 from dressage.trajectory import Segment, StepRecord
 
 __all__ = [
@@ -159,7 +160,9 @@ class ProxyClient(_Base):
         timeout: float = 600.0,
     ) -> None:
         super().__init__(base_url, admin_key=admin_key, api_key=api_key)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, verify=tls_context()
+        )
 
     async def _run(self, call: _Call, parse: Callable[[Any], T]) -> T:
         response = await self._http.request(
@@ -231,7 +234,7 @@ class SyncProxyClient(_Base):
         timeout: float = 600.0,
     ) -> None:
         super().__init__(base_url, admin_key=admin_key, api_key=api_key)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, verify=tls_context())
 
     def _run(self, call: _Call, parse: Callable[[Any], T]) -> T:
         response = self._http.request(

@@ -114,6 +114,7 @@ def run_mopd_job(
                 "agent_max_turns": 2,
                 "eval_interval": steps,
                 "mopd_objective": "dense",
+                "max_tokens_per_gpu": 8192,
                 "device": device,
                 **(advanced or {}),
             },

@@ -10,7 +10,10 @@ Two layers:
   actor (:mod:`dressage.training.megatron_path`), so the same hooks run unchanged on both.
 * Model level, for Hugging Face causal LMs (the embedded trainer and teacher scoring): a padded
   forward through ``model.base_model`` and the output embeddings applied in chunks of tokens, so
-  full ``[T, V]`` logits exist only where the loss hook needs them.
+  full ``[T, V]`` logits exist only where the loss hook needs them. Samples that share a long
+  prompt prefix (an agent's system prompt and tool list) have it computed once per group
+  (:func:`dressage.shared_prefix.shared_prefix_hidden`; same values up to float rounding, and
+  the plain padded forward where nothing is shared).
 
 Vocabularies are large (Qwen3.5: 248k), so log-softmax runs over chunks of tokens
 (``args.log_probs_chunk_size`` tokens, auto when <= 0) with a hand-written backward that
@@ -27,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from dressage.causal_lm import causal_lm_hidden, output_embedding_module, to_device
+from dressage.shared_prefix import shared_prefix_hidden
 from dressage.slime.hooks import load_function
 from dressage.training.megatron_path import megatron_active, slime_response_log_probs
 
@@ -305,7 +309,11 @@ def _response_hidden(
 ) -> tuple[Tensor, Tensor, nn.Module]:
     """Hidden states that predict the response tokens ``[sum R_i, H]``, those tokens
     ``[sum R_i]`` (on the same device) and the output embedding module."""
-    hidden = causal_lm_hidden(model, tokens, input_embeddings=input_embeddings)
+    hidden = (
+        shared_prefix_hidden(model, tokens)
+        if input_embeddings is None
+        else causal_lm_hidden(model, tokens, input_embeddings=input_embeddings)
+    )
     rows_h, targets = [], []
     for i, (t, resp) in enumerate(zip(tokens, response_lengths, strict=True)):
         total = int(t.numel())
@@ -319,7 +327,7 @@ def _response_hidden(
 
 def causal_lm_packed_logits(model: nn.Module, tokens: Sequence[Tensor]) -> Tensor:
     """Logits in slime's packed layout, ``[1, sum L_i, V]``: what a loss hook receives."""
-    hidden = causal_lm_hidden(model, tokens)
+    hidden = shared_prefix_hidden(model, tokens)
     packed = torch.cat([hidden[i, : int(t.numel())] for i, t in enumerate(tokens)])
     logits: Tensor = output_embedding_module(model)(packed)
     return logits.unsqueeze(0)

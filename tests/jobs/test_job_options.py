@@ -52,3 +52,17 @@ def test_dense_on_the_ray_backend_is_refused_before_anything_starts(
     assert main(["--run-config", str(run.write(tmp_path / "run.json"))]) == 2
     assert "advanced.mopd_objective 'dense' is embedded-only" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_max_tokens_per_gpu_turns_on_slimes_dynamic_batching(tmp_path: Path) -> None:
+    run = _run(tmp_path, max_tokens_per_gpu=8192)
+    args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
+    assert args.use_dynamic_batch_size is True and args.max_tokens_per_gpu == 8192
+    options = JobOptions.model_validate({})
+    plain = job_args(_run(tmp_path), options, student=tmp_path, admin_key=None)
+    assert plain.use_dynamic_batch_size is False and plain.micro_batch_size == 1
+
+
+def test_a_zero_token_budget_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_tokens_per_gpu"):
+        JobOptions.model_validate({"max_tokens_per_gpu": 0})

@@ -117,7 +117,9 @@ def _run_config(root: Path, services: tuple[str, str], **advanced: Any) -> Train
 def test_a_short_mopd_run_writes_what_the_dags_stage_and_check(
     services: tuple[str, str], tmp_path: Path
 ) -> None:
-    run = _run_config(tmp_path, services)
+    run = _run_config(tmp_path, services, eval_interval=2).model_copy(
+        update={"mopd_config": str(_mopd_config(tmp_path, held_out=True))}
+    )
     done = _run_job(run, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
@@ -127,7 +129,14 @@ def test_a_short_mopd_run_writes_what_the_dags_stage_and_check(
 
     output = Path(run.output_dir)
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(STEPS))
+    assert [r["step"] for r in records if "train/mopd_reverse_kl" in r["metrics"]] == list(
+        range(STEPS)
+    )
+    # the held-out reverse KL where the held-out accuracy is measured (--eval-interval 2: after
+    # step 2) and after the last step, not after every step
+    probed = [r["step"] for r in records if "eval/mopd/reverse_kl/all" in r["metrics"]]
+    assert probed == [1, STEPS - 1], probed
+    records = [r for r in records if "train/mopd_reverse_kl" in r["metrics"]]
     teachers_seen = set()
     for record in records:
         metrics = record["metrics"]

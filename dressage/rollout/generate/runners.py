@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from dressage.agents.base import AgentResult, AgentTask
+from dressage.agents.client import agent_client
 from dressage.agents.registry import load_agent
 
 if TYPE_CHECKING:
@@ -66,15 +67,9 @@ async def run_python_agent(
     timeout_s: float,
     headers: Mapping[str, str] | None = None,
 ) -> AgentResult:
-    from openai import AsyncOpenAI
-
     agent = load_agent(path)
-    client = AsyncOpenAI(
-        base_url=base_url,
-        api_key=api_key or "unused",
-        max_retries=0,
-        timeout=timeout_s,
-        default_headers=headers,
+    client = agent_client(
+        base_url, api_key=api_key or "unused", timeout_s=timeout_s, headers=headers
     )
     try:
         result = await asyncio.wait_for(agent(client, task), timeout_s)
