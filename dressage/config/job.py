@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dressage.config.run import ClusterLayout
 
@@ -49,6 +49,11 @@ class JobOptions(BaseModel):
     """Agents keep running across weight updates (the partial-async rollout); otherwise each
     rollout is one synchronous batch."""
     learning_rate: float = Field(1e-5, gt=0)
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    """Megatron's ``--lr-decay-style``: from ``learning_rate`` down to ``min_lr`` over the run's
+    optimizer steps, after ``lr_warmup_iters`` steps of linear warm-up."""
+    min_lr: float = Field(0.0, ge=0)
+    lr_warmup_iters: int = Field(0, ge=0)
     n_samples_per_prompt: int = Field(4, ge=1)
     """GRPO only (MOPD takes one sample per prompt)."""
     max_response_len: int = Field(128, ge=1)
@@ -68,6 +73,10 @@ class JobOptions(BaseModel):
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
     """``dense``: the reverse KL to the teacher over the whole vocabulary; embedded backend
     only (the ray backend refuses it)."""
+    mopd_forward_kl_weight: float = Field(0.0, ge=0, le=1)
+    """``dense`` only: this share of the per-token loss is the forward KL (teacher to student),
+    the rest the reverse KL. The reverse KL cannot unlearn a token the student is sure of and
+    the teacher rules out (its gradient vanishes there); the forward KL can."""
     max_tokens_per_gpu: int | None = Field(None, ge=1)
     """Dynamic micro-batching for the embedded trainer (slime's ``--use-dynamic-batch-size
     --max-tokens-per-gpu``): each optimizer step's samples packed into micro-batches of at most
@@ -79,3 +88,13 @@ class JobOptions(BaseModel):
     when the datasets have ``eval_path`` rows); None: only before and after the run."""
     cluster: ClusterOptions = ClusterOptions()
     """The ray backend's parallelism, GPUs, W&B and further slime flags."""
+
+    @model_validator(mode="after")
+    def _forward_kl_needs_dense(self) -> JobOptions:
+        if self.mopd_forward_kl_weight and self.mopd_objective != "dense":
+            raise ValueError(
+                f"mopd_forward_kl_weight {self.mopd_forward_kl_weight} needs mopd_objective "
+                f"'dense' (got {self.mopd_objective!r}): the sampled objective has no teacher "
+                "distribution to take a forward KL against"
+            )
+        return self

@@ -29,18 +29,18 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dressage.config.job import ClusterOptions
+from dressage.config.job import ClusterOptions, JobOptions
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.config.run import ClusterLayout, MopdRunConfig, TrainRunConfig
 from dressage.health import wait_healthy
 from dressage.launch.slime_command import layout_flags
 
-__all__ = ["ClusterPlan", "cluster_plan", "run_on_cluster"]
+__all__ = ["ClusterPlan", "cluster_plan", "optimizer_flags", "run_on_cluster"]
 
 GRPO_DRIVER = "dressage.training.train_async_with_rollout_pause"
 PARTIAL_ASYNC_ROLLOUT = "dressage.rollout.partial_async_rollout.generate_rollout_partial_async"
@@ -72,6 +72,16 @@ def node_address() -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
+def optimizer_flags(options: JobOptions) -> list[str]:
+    """The run's learning rate and schedule as slime's (Megatron's) flags."""
+    return [
+        "--lr", repr(options.learning_rate),
+        "--lr-decay-style", options.lr_decay_style,
+        "--min-lr", repr(options.min_lr),
+        "--lr-warmup-iters", str(options.lr_warmup_iters),
+    ]  # fmt: skip
+
+
 def cluster_plan(
     run: TrainRunConfig,
     *,
@@ -83,8 +93,11 @@ def cluster_plan(
     mopd_advantage_clip: float | None,
     host: str,
     environ: Mapping[str, str],
+    optimizer: Sequence[str] = (),
 ) -> ClusterPlan:
-    """Validate and build (raises :class:`~dressage.config.mopd.MopdConfigError` for MOPD)."""
+    """Validate and build (raises :class:`~dressage.config.mopd.MopdConfigError` for MOPD).
+    ``optimizer``: slime flags (:func:`optimizer_flags`) placed before ``cluster.extra_args``,
+    which can still override them."""
     out = Path(run.output_dir)
     proxy_url = f"http://{host}:{cluster.proxy_port}"
     router = ["--sglang-router-ip", host, "--sglang-router-port", str(cluster.router_port)]
@@ -111,7 +124,7 @@ def cluster_plan(
             rollout_seed=run.seed,
             mopd_advantage_clip=mopd_advantage_clip,
             **cluster.model_dump(include=set(ClusterLayout.model_fields) - {"extra_args"}),
-            extra_args=[*cluster.extra_args, *tail],
+            extra_args=[*optimizer, *cluster.extra_args, *tail],
         )
         job = build_mopd_job(mopd_run, environ=environ)
         write_job_files(job)
@@ -137,7 +150,7 @@ def cluster_plan(
         "custom_reward_post_process_path",
     ):
         argv += ["--" + attr.replace("_", "-"), MOPD_HOOKS[attr]]
-    argv += [*cluster.extra_args, *tail]
+    argv += [*optimizer, *cluster.extra_args, *tail]
     # The data source reads its datasets from the MOPD JSON (teachers unused by GRPO).
     env = {"DRESSAGE_MOPD_TEACHER_CONFIG": str(Path(run.mopd_config).resolve())}
     return ClusterPlan(proxy_argv=proxy_argv, proxy_url=proxy_url, argv=argv, env=env)

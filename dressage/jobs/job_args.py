@@ -41,6 +41,9 @@ def job_args(
         "device": options.device,
         "seed": run.seed,
         "lr": options.learning_rate,
+        "lr_decay_style": options.lr_decay_style,
+        "min_lr": options.min_lr,
+        "lr_warmup_iters": options.lr_warmup_iters,
         "global_batch_size": run.rollout_batch_size * n,
         "use_dynamic_batch_size": options.max_tokens_per_gpu is not None,
         "max_tokens_per_gpu": options.max_tokens_per_gpu,
@@ -85,6 +88,7 @@ def job_args(
             "rewards_normalization": False,
             "mopd_advantage_clip": options.mopd_advantage_clip,
             "mopd_objective": options.mopd_objective,
+            "mopd_forward_kl_weight": options.mopd_forward_kl_weight,
         }
     else:
         values |= {"advantage_estimator": "grpo", "loss_type": "policy_loss"}

@@ -1,9 +1,13 @@
-"""One embedded MOPD job against its own engine and recording proxy, for benchmarks and tests.
+"""One embedded MOPD (or GRPO) job against its own engine and recording proxy, for benchmarks
+and tests.
 
-    from dressage.testing.mopd_run import routed_config, run_mopd_job
+    from dressage.testing.mopd_run import routed_config, run_mopd_job, task_config
     config = routed_config(EMBEDDED, "swapped", folder)          # a control
     result = run_mopd_job(config, student, folder, seed=0, steps=100)
     result.before, result.after     # {"calculator": 0.125, ...}: held-out accuracy
+    calc = task_config(EMBEDDED, "calculator", folder)           # GRPO on one task
+    run_mopd_job(calc, student, folder2, seed=0, steps=40, objective="grpo",
+                 advanced={"n_samples_per_prompt": 8})
 
 What ``make demo``'s ``train`` task runs, without Airflow: :func:`start_services` (the embedded
 engine serving the student, the proxy in front of it), then ``python -m dressage.jobs.train`` on
@@ -28,7 +32,7 @@ from dressage.launch.local import LocalLauncher
 from dressage.launch.services import ServicePlan, start_services, stop_services
 from dressage.reporting.metrics import read_metrics
 
-__all__ = ["ROUTINGS", "MopdRunResult", "routed_config", "run_mopd_job"]
+__all__ = ["ROUTINGS", "MopdRunResult", "routed_config", "run_mopd_job", "task_config"]
 
 Routing = Literal["configured", "swapped", "one_teacher"]
 ROUTINGS: tuple[Routing, ...] = ("configured", "swapped", "one_teacher")
@@ -73,6 +77,24 @@ def routed_config(source: Path, routing: Routing, folder: Path) -> Path:
     return path
 
 
+def task_config(source: Path, task: str, folder: Path) -> Path:
+    """A copy of the MOPD config ``source`` with only the dataset of ``task``, paths absolute
+    (what a GRPO run on one task reads its prompts and held-out rows from)."""
+    data = json.loads(source.read_text())
+    kept = [ds for ds in data["datasets"] if ds.get("task", ds["name"]) == task]
+    if not kept:
+        raise ValueError(f"{source}: no dataset for task {task!r}")
+    for ds in kept:
+        for key in ("path", "eval_path"):
+            if ds.get(key):
+                ds[key] = str((source.parent / ds[key]).resolve())
+    data["datasets"] = kept
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{task}.json"
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
 def run_mopd_job(
     config: Path,
     student: Path,
@@ -84,9 +106,11 @@ def run_mopd_job(
     learning_rate: float = 2e-3,
     device: str = "cpu",
     advanced: dict[str, Any] | None = None,
+    objective: Literal["mopd", "grpo"] = "mopd",
 ) -> MopdRunResult:
     """Run one job in ``folder`` (created; must not exist); raise with its log's tail if it
-    fails."""
+    fails. ``objective="grpo"``: the same job as ``dressage_rl`` runs it (reward only, the
+    config's datasets as prompts; set ``n_samples_per_prompt`` in ``advanced``)."""
     folder.mkdir(parents=True)
     launcher = LocalLauncher(folder / "jobs")
     plan = ServicePlan(
@@ -98,8 +122,18 @@ def run_mopd_job(
     started = time.monotonic()
     services = start_services(launcher, plan)
     try:
+        recipe: dict[str, Any] = {
+            "learning_rate": learning_rate,
+            "max_response_len": 48,
+            "agent_max_turns": 2,
+            "eval_interval": steps,
+            "max_tokens_per_gpu": 8192,
+            "device": device,
+        }
+        if objective == "mopd":
+            recipe["mopd_objective"] = "dense"
         run = TrainRunConfig(
-            objective="mopd",
+            objective=objective,
             mopd_config=str(config),
             student=str(student),
             engine_url=services.engine_url,
@@ -108,16 +142,7 @@ def run_mopd_job(
             num_steps=steps,
             seed=seed,
             rollout_batch_size=prompts_per_step,
-            advanced={
-                "learning_rate": learning_rate,
-                "max_response_len": 48,
-                "agent_max_turns": 2,
-                "eval_interval": steps,
-                "mopd_objective": "dense",
-                "max_tokens_per_gpu": 8192,
-                "device": device,
-                **(advanced or {}),
-            },
+            advanced={**recipe, **(advanced or {})},
         )
         run_json = run.write(folder / "run.json")
         env = {

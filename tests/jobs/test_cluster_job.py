@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dressage.config.job import ClusterOptions
+from dressage.config.job import ClusterOptions, JobOptions
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.config.run import TrainRunConfig
-from dressage.jobs.cluster import cluster_plan
+from dressage.jobs.cluster import cluster_plan, optimizer_flags
 from dressage.jobs.train import main
 from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import REPO, free_port
@@ -56,6 +56,7 @@ def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-de
         mopd_advantage_clip=None,
         host="10.0.0.7",
         environ={},
+        optimizer=optimizer_flags(JobOptions.model_validate(run.advanced)),
     )
 
 
@@ -78,6 +79,21 @@ def test_mopd_runs_the_validated_slime_command_with_the_proxy_on_this_node(tmp_p
     assert _value(plan.proxy_argv, "--engine-url") == "http://10.0.0.7:30000"
     assert _value(plan.proxy_argv, "--host") == "10.0.0.7"
     assert "--record-token-versions" in plan.proxy_argv
+
+
+@pytest.mark.parametrize("objective", ["mopd", "grpo"])
+def test_the_learning_rate_and_its_schedule_reach_slime(tmp_path: Path, objective: str) -> None:
+    run = _run(tmp_path, objective, learning_rate=2e-6, lr_decay_style="cosine", min_lr=1e-7,
+               lr_warmup_iters=3)  # fmt: skip
+    plan = _plan(run)
+    assert _value(plan.argv, "--lr") == "2e-06"
+    assert _value(plan.argv, "--lr-decay-style") == "cosine"
+    assert _value(plan.argv, "--min-lr") == "1e-07"
+    assert _value(plan.argv, "--lr-warmup-iters") == "3"
+    # a flag in cluster.extra_args comes later on the line, so slime's parser takes it
+    plan = _plan(run, extra_args=["--lr", "5e-6"])
+    at = [k for k, a in enumerate(plan.argv) if a == "--lr"]
+    assert len(at) == 2 and plan.argv[at[-1] + 1] == "5e-6"
 
 
 def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Path) -> None:

@@ -66,3 +66,9 @@ def test_max_tokens_per_gpu_turns_on_slimes_dynamic_batching(tmp_path: Path) -> 
 def test_a_zero_token_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="max_tokens_per_gpu"):
         JobOptions.model_validate({"max_tokens_per_gpu": 0})
+
+
+def test_the_forward_kl_share_reaches_the_trainer(tmp_path: Path) -> None:
+    run = _run(tmp_path, mopd_objective="dense", mopd_forward_kl_weight=0.5)
+    args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
+    assert args.mopd_forward_kl_weight == 0.5

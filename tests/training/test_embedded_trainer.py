@@ -266,3 +266,33 @@ def test_a_mopd_step_on_cuda_streams_teachers_and_trains() -> None:
     metrics = trainer.train(0, data)
     assert trainer.num_steps == 1
     assert all(v == v for v in metrics.values())  # no NaN
+
+
+def test_the_learning_rate_follows_megatrons_schedule_step_by_step() -> None:
+    """Warm-up then cosine to ``min_lr`` over the run's optimizer steps (num_rollout x steps a
+    rollout), ``min_lr`` after; each optimizer step uses the schedule's value and reports it."""
+    trainer = _trainer(
+        global_batch_size=2, rollout_batch_size=4, n_samples_per_prompt=1, num_rollout=5,
+        loss_type="sft_loss", lr=1e-3, min_lr=1e-4, lr_warmup_iters=2, lr_decay_style="cosine",
+    )  # fmt: skip
+    schedule = [trainer.learning_rate(k) for k in range(12)]
+    assert schedule[:2] == pytest.approx([5e-4, 1e-3])  # warm-up
+    assert schedule[2] == pytest.approx(1e-3) and schedule[6] == pytest.approx(5.5e-4)  # halfway
+    assert all(a >= b for a, b in zip(schedule[2:], schedule[3:], strict=False))
+    assert schedule[10:] == pytest.approx([1e-4, 1e-4])  # 5 rollouts x 2 steps, then the floor
+    data = train_data([(3, 3)] * 4, rollout_ids=[0, 1, 2, 3])
+    metrics = trainer.train(0, data)  # two optimizer steps: 5e-4, then 1e-3
+    assert metrics["train/lr"] == pytest.approx(7.5e-4)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    trainer.args.lr_decay_style = "linear"
+    assert trainer.learning_rate(6) == pytest.approx(1e-3 - 9e-4 * 0.5)
+    trainer.args.lr_decay_style = "constant"
+    assert trainer.learning_rate(50) == 1e-3
+
+
+def test_an_unknown_lr_decay_style_and_a_decay_without_a_length_are_refused() -> None:
+    with pytest.raises(ValueError, match="lr_decay_style 'wsd': expected one of"):
+        _trainer(global_batch_size=2, lr_decay_style="wsd")
+    trainer = _trainer(global_batch_size=2, lr_decay_style="linear")
+    with pytest.raises(ValueError, match="needs lr_decay_iters or num_rollout"):
+        trainer.learning_rate(0)

@@ -192,3 +192,63 @@ def test_the_slime_actor_refuses_dense_before_slime_builds_anything(
     with pytest.raises(ValueError, match="--mopd-objective dense is embedded-only"):
         actor.init(Namespace(mopd_objective="dense"), "actor")
     assert reached == []
+
+
+def _naive_mixed(batch: dict[str, Any], logits: torch.Tensor, b: float) -> torch.Tensor:
+    per_sample = []
+    for rows, teacher, mask in zip(
+        LOGIT_ROWS, batch["teacher_full_log_probs"], batch["loss_masks"], strict=True
+    ):
+        log_s = torch.log_softmax(logits[0, rows] / TEMPERATURE, -1)
+        reverse = (log_s.exp() * (log_s - teacher)).sum(-1)
+        forward = (teacher.exp() * (teacher - log_s)).sum(-1)
+        per_sample.append((((1 - b) * reverse + b * forward) * mask).sum() / mask.sum())
+    return torch.stack(per_sample).sum()
+
+
+@pytest.mark.parametrize("b", [0.5, 1.0])
+def test_a_forward_kl_share_mixes_in_teacher_to_student_kl_with_autograds_gradient(
+    b: float,
+) -> None:
+    batch, logits = _case()
+    loss, _ = _dense_loss(batch, logits, mopd_forward_kl_weight=b)
+    (grad,) = torch.autograd.grad(loss, logits)
+    expected = _naive_mixed(batch, logits, b)
+    (expected_grad,) = torch.autograd.grad(expected, logits)
+    assert abs(expected.item() - _naive(batch, logits).item()) > 0.1  # the mix changes the loss
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(grad, expected_grad, atol=1e-6)
+
+
+def test_only_the_forward_share_unlearns_a_token_the_student_is_sure_of() -> None:
+    """The student puts all its mass on token 0, the teacher on token 1 (what the embedded run
+    that never learnt ``+`` showed): the reverse KL is large but its gradient vanishes; with a
+    forward share the gradient lowers token 0 and raises token 1."""
+    from dressage.training.mopd_dense import reverse_kl
+
+    logits = torch.full((1, V), -30.0)
+    logits[0, 0] = 30.0
+    logits.requires_grad_()
+    teacher = torch.log_softmax(torch.tensor([[-30.0, 30.0] + [-30.0] * (V - 2)]), -1)
+    rows = torch.tensor([0])
+    kl = reverse_kl(logits, rows, teacher)
+    (grad,) = torch.autograd.grad(kl.sum(), logits)
+    assert kl.item() > 50 and grad.abs().max().item() < 1e-6
+    mixed = reverse_kl(logits, rows, teacher, forward_weight=0.5)
+    (grad,) = torch.autograd.grad(mixed.sum(), logits)
+    assert grad[0, 0].item() == pytest.approx(0.5, abs=1e-3)  # descent lowers token 0
+    assert grad[0, 1].item() == pytest.approx(-0.5, abs=1e-3)  # and raises token 1
+    with pytest.raises(ValueError, match=r"forward_weight must be in \[0, 1\]"):
+        reverse_kl(logits, rows, teacher, forward_weight=1.5)
+
+
+def test_the_forward_share_is_a_dense_only_job_option() -> None:
+    from dressage.config.job import JobOptions
+
+    assert JobOptions.model_validate({}).mopd_forward_kl_weight == 0.0
+    options = {"mopd_objective": "dense", "mopd_forward_kl_weight": 0.5}
+    assert JobOptions.model_validate(options).mopd_forward_kl_weight == 0.5
+    with pytest.raises(ValidationError, match="needs mopd_objective 'dense'"):
+        JobOptions.model_validate({"mopd_forward_kl_weight": 0.5})
+    with pytest.raises(ValidationError, match="mopd_forward_kl_weight"):
+        JobOptions.model_validate({"mopd_objective": "dense", "mopd_forward_kl_weight": 2})

@@ -15,7 +15,10 @@ from __future__ import annotations
 from argparse import Namespace
 from typing import Any
 
-__all__ = ["SLIME_TRAIN_DEFAULTS", "trainer_args"]
+__all__ = ["LR_DECAY_STYLES", "SLIME_TRAIN_DEFAULTS", "trainer_args"]
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine")
+"""``--lr-decay-style`` values the embedded trainer implements (Megatron has more)."""
 
 SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     # model / device
@@ -32,6 +35,10 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "log_probs_chunk_size": -1,
     # optimizer (Megatron defaults)
     "lr": 1e-6,
+    "lr_decay_style": "constant",  # constant | linear | cosine (Megatron's names)
+    "min_lr": 0.0,
+    "lr_warmup_iters": 0,
+    "lr_decay_iters": None,  # default: the run's optimizer steps (num_rollout x steps a rollout)
     "weight_decay": 0.01,
     "adam_beta1": 0.9,
     "adam_beta2": 0.999,
@@ -68,6 +75,7 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "opd_teacher_load": None,
     "mopd_advantage_clip": None,
     "mopd_objective": "sampled",  # --mopd-objective (dressage.training.mopd_dense)
+    "mopd_forward_kl_weight": 0.0,  # the dense loss's forward-KL share (JobOptions)
     "log_prob_function_path": None,
 }
 

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from dressage.slime.hooks import load_function
 from dressage.training.embedded.advantages import compute_advantages_and_returns
-from dressage.training.embedded.args import SLIME_TRAIN_DEFAULTS
+from dressage.training.embedded.args import LR_DECAY_STYLES, SLIME_TRAIN_DEFAULTS
 from dressage.training.embedded.data import check_train_data, select
 from dressage.training.embedded.schedule import Schedule, TrainStep, build_schedule
 from dressage.training.log_probs import causal_lm_packed_logits, causal_lm_response_log_probs
@@ -110,6 +110,10 @@ class EmbeddedTrainer:
             if not hasattr(args, name):
                 setattr(args, name, default)
         self.args = args
+        if args.lr_decay_style not in LR_DECAY_STYLES:
+            raise ValueError(
+                f"lr_decay_style {args.lr_decay_style!r}: expected one of {LR_DECAY_STYLES}"
+            )
         # dense MOPD: the teachers' whole log-softmax at response positions goes to the loss
         self.dense = mopd_objective(args) == "dense"
         path = model_path or getattr(args, "hf_checkpoint", None)
@@ -211,7 +215,6 @@ class EmbeddedTrainer:
         per_step = [self._train_step(rollout_data, step) for step in schedule.steps]
         for key in per_step[0]:
             metrics[f"train/{key}"] = sum(m[key] for m in per_step) / len(per_step)
-        metrics["train/lr"] = float(args.lr)
         metrics["train/num_steps"] = float(len(per_step))
         metrics["perf/log_probs_time"] = scored - start
         metrics["perf/train_time"] = time.perf_counter() - scored
@@ -351,13 +354,52 @@ class EmbeddedTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
         if not torch.isfinite(grad_norm):
             raise FloatingPointError(f"step {self.num_steps}: gradient norm is {float(grad_norm)}")
+        lr = self.learning_rate(self.num_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         if self.bank is not None:
             self.bank.mark_student_changed()
         self.num_steps += 1
         out = {key: float(value) for key, value in sums.items()}
         out["grad_norm"] = float(grad_norm)
+        out["lr"] = lr
         return out
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based), Megatron's schedule: a linear
+        warm-up over ``lr_warmup_iters`` steps to ``lr``, then ``lr_decay_style`` (``constant``,
+        ``linear`` or ``cosine``) from ``lr`` to ``min_lr`` at step ``lr_decay_iters`` (default:
+        the run's optimizer steps), ``min_lr`` after."""
+        args = self.args
+        peak, floor = float(args.lr), float(getattr(args, "min_lr", 0.0) or 0.0)
+        warmup = int(getattr(args, "lr_warmup_iters", 0) or 0)
+        if step < warmup:
+            return peak * (step + 1) / warmup
+        style = getattr(args, "lr_decay_style", "constant") or "constant"
+        if style == "constant":
+            return peak
+        total = self._decay_iters()
+        if step >= total:
+            return floor
+        ratio = (step - warmup) / max(total - warmup, 1)
+        if style == "linear":
+            return peak - (peak - floor) * ratio
+        return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * ratio))
+
+    def _decay_iters(self) -> int:
+        args = self.args
+        explicit = getattr(args, "lr_decay_iters", None)
+        if explicit:
+            return int(explicit)
+        rollouts = getattr(args, "num_rollout", None)
+        if not rollouts:
+            raise ValueError(
+                f"lr_decay_style {args.lr_decay_style!r} needs lr_decay_iters or num_rollout "
+                "(the decay's length in optimizer steps)"
+            )
+        samples = int(args.rollout_batch_size) * int(getattr(args, "n_samples_per_prompt", 1) or 1)
+        return int(rollouts) * max(samples // int(args.global_batch_size), 1)
 
     # -- weights ---------------------------------------------------------------------------------
 
