@@ -33,13 +33,15 @@ EMBEDDED_RECIPE: dict[str, Any] = {
         "agent_max_turns": 2,
         "eval_interval": 10,
         "mopd_objective": "dense",
+        "mopd_forward_kl_weight": 0.5,
         "max_tokens_per_gpu": 8192,
     },
 }
 """Settings for the tiny embedded models (the job's defaults are a real model's): a learning rate
-they move at, short agent turns, the dense objective, a step's 32 samples trained in one or two
-packed micro-batches (their shared prompt computed once) instead of 32; held-out accuracy every
-tenth step (and before and after the run)."""
+they move at, short agent turns, the dense objective with half its weight on the forward KL
+(mopd_forward_kl_weight), a step's 32 samples trained in one or two packed micro-batches (their
+shared prompt computed once) instead of 32; held-out accuracy every tenth step (and before and
+after the run)."""
 
 
 def _environment(verbose: bool) -> None:

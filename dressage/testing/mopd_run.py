@@ -11,9 +11,10 @@ and tests.
 
 What ``make demo``'s ``train`` task runs, without Airflow: :func:`start_services` (the embedded
 engine serving the student, the proxy in front of it), then ``python -m dressage.jobs.train`` on
-a RUN.json with the demo's recipe (dense objective, 48-token turns, two agent turns), then the
-services stopped. Accuracy is the job's own held-out measurement (``eval/accuracy/<task>``: the
-agent loop, greedy, on the config's ``eval_path`` rows) before the first step and after the last.
+a RUN.json with the demo's recipe (dense objective with a forward-KL share of 0.5, 48-token
+turns, two agent turns, packed micro-batches), then the services stopped. Accuracy is the job's
+own held-out measurement (``eval/accuracy/<task>``: the agent loop, greedy, on the config's
+``eval_path`` rows) before the first step and after the last.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def run_mopd_job(
             "device": device,
         }
         if objective == "mopd":
-            recipe["mopd_objective"] = "dense"
+            recipe |= {"mopd_objective": "dense", "mopd_forward_kl_weight": 0.5}
         run = TrainRunConfig(
             objective=objective,
             mopd_config=str(config),

@@ -3,14 +3,12 @@
 The real job (``python -m dressage.jobs.train``) against its own engine and recording proxy, on
 configs/mopd/embedded.json as it ships: the student starts at 12% (calculator) and 6% (lookup)
 on the held-out rows, the teachers solve 100% of their own. After 100 dense steps of 32 prompts
-(one synchronous batch a step) the student's held-out accuracy, measured by the job through the
-agent loop, must have risen on both tasks by the margins below, which held in all 7 runs so far:
-lookup 6% -> 94-100% in every run; calculator 12% -> 81-88% in five (the H200 runs of
-``bench/mopd_transfer.py``, seeds 0-2, the CPU demo, one CPU run of this test) but only to 31% in
-two CPU runs (one of them this test on a cold cache). Calculator transfer is the recipe's weak
-side (issue 14), so its margin here is only "above where it started"; the routing controls of
-that benchmark (swapped: 0% on both; one teacher: lookup 0%) show that the rise comes from each
-task's own teacher.
+(one synchronous batch a step; half the loss the forward KL) the student's held-out accuracy,
+measured by the job through the agent loop, must have risen on both tasks by the margins below.
+Five seeds of this run on the 2-core CPU machine (bench/results/mopd_recipe/, finding 13) ended
+at 81-88% (calculator) and 100% (lookup): rises of at least 0.69 and 0.94, so the margins leave
+one held-out row or more of slack. The routing controls of ``bench/mopd_transfer.py`` (swapped:
+0% on both; one teacher: lookup 0%) show that the rise comes from each task's own teacher.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from tests.helpers import REPO
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("embedded_checkpoints")]
 
 EMBEDDED = REPO / "configs/mopd/embedded.json"
-RISE = {"calculator": 0.1, "lookup": 0.6}
+RISE = {"calculator": 0.55, "lookup": 0.8}
 
 
 def test_dense_mopd_moves_both_skills_into_the_student(
