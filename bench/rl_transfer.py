@@ -7,9 +7,10 @@ The embedded GRPO job (``python -m dressage.jobs.train`` with ``objective: grpo`
 ``dressage_rl`` DAG runs: its own engine and recording proxy, the tool agent, partial rollout
 on) on ``configs/mopd/embedded.json``'s student and its calculator prompts only, rewarded by the
 task's exact-match reward; no teacher. The student starts at 12% on the held-out calculator rows
-(inside the issue's 10-40%). Per seed: held-out accuracy before the first step (``baseline``) and
-after the last (``ours``), both the job's own measurement (the agent loop, greedy). Target: every
-seed gains at least 0.3 (absolute). The last line is the verdict as JSON.
+(inside the issue's 10-40%; ``--student SPEC`` starts elsewhere). Per seed: held-out accuracy
+before the first step (``baseline``) and after the last (``ours``), both the job's own measurement
+(the agent loop, greedy). Target: every seed gains at least 0.3 (absolute). The last line is the
+verdict as JSON. Not met yet: bench/results/mopd_recipe/README.md, finding 14.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dressage.config.mopd import load_mopd_config  # noqa: E402
 from dressage.testing.mopd_run import run_mopd_job, task_config  # noqa: E402
-from dressage.tiny.checkpoints import build_checkpoints, resolve_checkpoint  # noqa: E402
+from dressage.tiny.checkpoints import build_checkpoint, is_built_spec, resolve_checkpoint  # noqa: E402
 
 EMBEDDED = ROOT / "configs/mopd/embedded.json"
 TASK = "calculator"
@@ -52,6 +52,7 @@ def run_one(seed: int, student: Path, args: argparse.Namespace, work: Path) -> d
             "n_samples_per_prompt": args.group,
             "partial_rollout": True,
             "eval_interval": args.eval_interval,
+            "temperature": args.temperature,
         },
     )
     row = {
@@ -72,6 +73,8 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval-interval", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--student", default=None, help="checkpoint spec (default: the config's)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--parallel", type=int, default=3, help="runs at once")
     parser.add_argument("--out", type=Path, default=None, help="also write the results here")
@@ -79,8 +82,10 @@ def main() -> int:
     args.eval_interval = args.eval_interval or args.steps
 
     config = json.loads(EMBEDDED.read_text())
-    build_checkpoints(load_mopd_config(EMBEDDED).built_specs())  # once; cached
-    student = resolve_checkpoint(config["student"]["hf_checkpoint"])
+    spec = args.student or config["student"]["hf_checkpoint"]
+    if is_built_spec(spec):
+        build_checkpoint(spec)  # once; cached
+    student = resolve_checkpoint(spec)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rl-transfer-") as tmp:
         with ThreadPoolExecutor(args.parallel) as pool:
@@ -104,6 +109,8 @@ def main() -> int:
         "samples_per_prompt": args.group,
         "lr": args.lr,
         "partial_rollout": True,
+        "temperature": args.temperature,
+        "student": spec,
         "device": args.device,
         "seconds": round(time.monotonic() - started, 1),
     }

@@ -35,13 +35,16 @@ EMBEDDED_RECIPE: dict[str, Any] = {
         "mopd_objective": "dense",
         "mopd_forward_kl_weight": 0.5,
         "max_tokens_per_gpu": 8192,
+        "max_staleness": 2,
     },
 }
 """Settings for the tiny embedded models (the job's defaults are a real model's): a learning rate
 they move at, short agent turns, the dense objective with half its weight on the forward KL
 (mopd_forward_kl_weight), a step's 32 samples trained in one or two packed micro-batches (their
-shared prompt computed once) instead of 32; held-out accuracy every tenth step (and before and
-after the run)."""
+shared prompt computed once) instead of 32; groups whose oldest token is more than 2 weight
+versions old are dropped and their prompts generated again (the agents now outpace the trainer:
+without a bound the queue of finished groups grew until the trainer saw samples 50 versions
+old); held-out accuracy every tenth step (and before and after the run)."""
 
 
 def _environment(verbose: bool) -> None:

@@ -170,7 +170,9 @@ def run_job(run_config: Path) -> dict[str, Any]:
         initial_accuracy: dict[str, float] = {}
         if accuracy is not None:  # the initial student, before any update
             initial_accuracy = accuracy.measure()
-            outputs.evaluation(-1, initial_accuracy)
+            # with the held-out KL before training, so its curve starts where accuracy's does
+            kl_before = {f"{HELDOUT_KL}{k}": v for k, v in initial.items()}
+            outputs.evaluation(-1, initial_accuracy | kl_before)
 
         probe_due = periodic_action()
 

@@ -12,9 +12,9 @@ and tests.
 What ``make demo``'s ``train`` task runs, without Airflow: :func:`start_services` (the embedded
 engine serving the student, the proxy in front of it), then ``python -m dressage.jobs.train`` on
 a RUN.json with the demo's recipe (dense objective with a forward-KL share of 0.5, 48-token
-turns, two agent turns, packed micro-batches), then the services stopped. Accuracy is the job's
-own held-out measurement (``eval/accuracy/<task>``: the agent loop, greedy, on the config's
-``eval_path`` rows) before the first step and after the last.
+turns, two agent turns, packed micro-batches, groups at most 2 weight versions stale), then the
+services stopped. Accuracy is the job's own held-out measurement (``eval/accuracy/<task>``: the
+agent loop, greedy, on the config's ``eval_path`` rows) before the first step and after the last.
 """
 
 from __future__ import annotations
@@ -129,6 +129,7 @@ def run_mopd_job(
             "agent_max_turns": 2,
             "eval_interval": steps,
             "max_tokens_per_gpu": 8192,
+            "max_staleness": 2,
             "device": device,
         }
         if objective == "mopd":

@@ -97,8 +97,15 @@ def build_checkpoints(specs: list[str], *, workers: int | None = None) -> list[P
     if count == 1:
         return [_try_build(spec) for spec in specs]
     spawn = multiprocessing.get_context("spawn")  # no fork of a threaded (Airflow) process
-    with ProcessPoolExecutor(count, mp_context=spawn) as pool:
+    with ProcessPoolExecutor(count, mp_context=spawn, initializer=_quiet_worker) as pool:
         return list(pool.map(_try_build, specs))
+
+
+def _quiet_worker() -> None:
+    """A build process's log is the caller's (the demo's task output): no per-load tqdm bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _try_build(spec: str) -> Path | ValueError:
