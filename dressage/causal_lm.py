@@ -32,10 +32,12 @@ def output_embedding_module(model: nn.Module) -> nn.Module:
 
 
 def to_device(tensor: Tensor, device: torch.device) -> Tensor:
-    """Host-to-device copy that never blocks the host behind queued GPU work (pinned, async)."""
-    if device.type != "cuda":
+    """Host-to-device copy that never blocks the host behind queued GPU work (pinned, async).
+    A tensor already on a GPU is moved with ``to``; an expanded view (rows sharing memory,
+    which pinning refuses) is made contiguous first."""
+    if device.type != "cuda" or tensor.device.type != "cpu":
         return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.contiguous().pin_memory().to(device, non_blocking=True)
 
 
 def causal_lm_hidden(

@@ -186,3 +186,24 @@ def test_the_trainers_log_probs_and_packed_logits_compute_each_prefix_once(
         torch.testing.assert_close(dense[i], want[i], rtol=0, atol=1e-5)
     flat = torch.cat([plain[i, : t.numel()] for i, t in enumerate(mixed)])
     torch.testing.assert_close(packed[0], head(flat).detach(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_it_matches_the_plain_forward(model: Any, mixed: list[Tensor]) -> None:
+    """The prefix group's position ids are an expanded view (rows sharing memory); the pinned
+    host-to-device copy refused it until it made the view contiguous (first seen on the H200)."""
+    from dressage.causal_lm import to_device
+
+    expanded = torch.arange(5).expand(3, 5)
+    assert torch.equal(to_device(expanded, torch.device("cuda")).cpu(), expanded)
+    gpu = model.to("cuda")
+    try:
+        with torch.no_grad():
+            ours = shared_prefix_hidden(gpu, mixed)
+            plain = causal_lm_hidden(gpu, mixed)
+        for i, t in enumerate(mixed):
+            n = t.numel()
+            torch.testing.assert_close(ours[i, :n], plain[i, :n], rtol=0, atol=1e-4)
+    finally:
+        model.to("cpu")
