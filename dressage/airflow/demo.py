@@ -23,20 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dressage.config.job import EMBEDDED_MOPD_OPTIONS
+
 PROJECT = Path(__file__).resolve().parents[2]
 DAG_ID = "dressage_mopd"
 EMBEDDED_RECIPE: dict[str, Any] = {
     "rollout_batch_size": 32,
     "learning_rate": 2e-3,
-    "extra": {
-        "max_response_len": 48,
-        "agent_max_turns": 2,
-        "eval_interval": 10,
-        "mopd_objective": "dense",
-        "mopd_forward_kl_weight": 0.5,
-        "max_tokens_per_gpu": 8192,
-        "max_staleness": 2,
-    },
+    "extra": {**EMBEDDED_MOPD_OPTIONS, "eval_interval": 10},
 }
 """Settings for the tiny embedded models (the job's defaults are a real model's): a learning rate
 they move at, short agent turns, the dense objective with half its weight on the forward KL

@@ -11,13 +11,14 @@ job makes of them: :mod:`dressage.jobs.job_args` (slime's ``args``) and
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dressage.config.run import ClusterLayout
 
 __all__ = [
+    "EMBEDDED_MOPD_OPTIONS",
     "DEFAULT_MOPD_OBJECTIVE",
     "MOPD_OBJECTIVES",
     "ClusterOptions",
@@ -30,6 +31,20 @@ MopdObjective = Literal["sampled", "dense"]
 (:mod:`dressage.training.mopd_dense`, embedded trainer only for now)."""
 MOPD_OBJECTIVES: tuple[MopdObjective, ...] = get_args(MopdObjective)
 DEFAULT_MOPD_OBJECTIVE: MopdObjective = "sampled"
+
+
+EMBEDDED_MOPD_OPTIONS: dict[str, Any] = {
+    "max_response_len": 48,
+    "agent_max_turns": 2,
+    "mopd_objective": "dense",
+    "mopd_forward_kl_weight": 0.5,
+    "max_tokens_per_gpu": 8192,
+    "max_staleness": 2,
+}
+"""``advanced`` settings for the embedded default's tiny models (the demo, the MOPD benchmarks
+and e2e tests; the defaults below are a real model's): short agent turns, the dense objective
+with half its weight on the forward KL, a step's samples trained in one or two packed
+micro-batches, groups at most 2 weight versions stale (the ``mopd_`` keys are MOPD-only)."""
 
 
 class ClusterOptions(ClusterLayout):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from dressage.config.job import EMBEDDED_MOPD_OPTIONS
 from dressage.config.run import TrainRunConfig
 from dressage.launch.local import LocalLauncher
 from dressage.launch.services import ServicePlan, start_services, stop_services
@@ -123,17 +124,11 @@ def run_mopd_job(
     started = time.monotonic()
     services = start_services(launcher, plan)
     try:
-        recipe: dict[str, Any] = {
-            "learning_rate": learning_rate,
-            "max_response_len": 48,
-            "agent_max_turns": 2,
-            "eval_interval": steps,
-            "max_tokens_per_gpu": 8192,
-            "max_staleness": 2,
-            "device": device,
-        }
-        if objective == "mopd":
-            recipe |= {"mopd_objective": "dense", "mopd_forward_kl_weight": 0.5}
+        tiny = {
+            k: v for k, v in EMBEDDED_MOPD_OPTIONS.items()
+            if objective == "mopd" or not k.startswith("mopd_")
+        }  # fmt: skip
+        recipe = {**tiny, "learning_rate": learning_rate, "eval_interval": steps, "device": device}
         run = TrainRunConfig(
             objective=objective,
             mopd_config=str(config),

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from dressage.proxy.tito import TITOTokenizer
+    from dressage.tiny.model import TinyModelSpec
     from dressage.tiny.teachers import Transcript
 
 __all__ = [
@@ -208,6 +209,24 @@ class PretrainRecipe:
     warmup: int = 30
     data_seed: int = 0
 
+    def model_spec(self, *, pretrained: str = "") -> TinyModelSpec:
+        """The model this recipe trains (``pretrained=GENERALIST``: the shipped result)."""
+        from dressage.tiny.model import TinyModelSpec
+        from dressage.tiny.task_tokenizer import TASK_VOCAB
+
+        return TinyModelSpec(
+            vocab=TASK_VOCAB,
+            seed=self.seed,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=4096,
+            pretrained=pretrained,
+        )
+
 
 def cosine_schedule(steps: int, warmup: int) -> Callable[[int], float]:
     """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``steps``."""
@@ -255,8 +274,8 @@ def pretrain(
     from transformers import AutoTokenizer
 
     from dressage.proxy.tito import create_tito_tokenizer
-    from dressage.tiny.model import TinyModelSpec, copy_tokenizer, init_tiny_model
-    from dressage.tiny.task_tokenizer import TASK_VOCAB, task_tokenizer_dir
+    from dressage.tiny.model import copy_tokenizer, init_tiny_model
+    from dressage.tiny.task_tokenizer import task_tokenizer_dir
     from dressage.tiny.teachers import supervised_train, teacher_transcripts
 
     started = time.perf_counter()
@@ -272,19 +291,7 @@ def pretrain(
         for t in ("calculator", "lookup")
     }
     log(f"data: {len(data)} transcripts in {time.perf_counter() - started:.1f}s")
-    model = init_tiny_model(
-        TinyModelSpec(
-            vocab=TASK_VOCAB,
-            seed=recipe.seed,
-            hidden_size=recipe.hidden_size,
-            intermediate_size=recipe.intermediate_size,
-            num_hidden_layers=recipe.num_hidden_layers,
-            num_attention_heads=recipe.num_attention_heads,
-            num_key_value_heads=recipe.num_key_value_heads,
-            head_dim=recipe.head_dim,
-            max_position_embeddings=4096,
-        )
-    )
+    model = init_tiny_model(recipe.model_spec())
     cast("nn.Module", model).to(torch.device(device))
 
     def measure(step: int) -> None:

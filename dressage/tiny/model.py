@@ -48,19 +48,7 @@ def generalist_spec() -> TinyModelSpec:
     """The spec of the shipped generalist base (``base=generalist`` in a ``tiny-sft:`` spec)."""
     from dressage.tiny.generalist import GENERALIST, PretrainRecipe
 
-    recipe = PretrainRecipe()
-    return TinyModelSpec(
-        vocab=TASK_VOCAB,
-        seed=recipe.seed,
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_hidden_layers,
-        num_attention_heads=recipe.num_attention_heads,
-        num_key_value_heads=recipe.num_key_value_heads,
-        head_dim=recipe.head_dim,
-        max_position_embeddings=4096,
-        pretrained=GENERALIST,
-    )
+    return PretrainRecipe().model_spec(pretrained=GENERALIST)
 
 
 def _pretrained_dir(spec: TinyModelSpec) -> Path:
