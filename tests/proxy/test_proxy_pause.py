@@ -49,8 +49,14 @@ def weights(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return {0: tiny_model_path, **{v: a if v % 2 else b for v in range(1, CYCLES + 1)}}
 
 
-async def _agent(proxy: str, i: int, done: asyncio.Event) -> list[dict[str, Any]]:
-    """A plain OpenAI-SDK agent: chats until the weight updates are over (2..12 turns)."""
+async def _agent(
+    proxy: str, i: int, done: asyncio.Event, streamed: list[int]
+) -> list[dict[str, Any]]:
+    """A plain OpenAI-SDK agent: chats until the weight updates are over (2..12 turns).
+
+    A streaming agent counts the content chunks it receives in ``streamed[0]``, so that the
+    controller pauses only once the current weights have produced tokens.
+    """
     client = AsyncOpenAI(base_url=f"{proxy}/sessions/pause-{i}/v1", api_key=API, max_retries=0)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a terse assistant."},
@@ -79,6 +85,7 @@ async def _agent(proxy: str, i: int, done: asyncio.Event) -> list[dict[str, Any]
                     usage = chunk.usage.completion_tokens
                 for choice in chunk.choices:
                     content += choice.delta.content or ""
+                    streamed[0] += bool(choice.delta.content)
                     finish = choice.finish_reason or finish
         else:
             response = await client.chat.completions.create(**params)
@@ -99,10 +106,14 @@ async def _run(proxy: str, engine_url: str, weights: dict[int, Path]) -> dict[st
     done = asyncio.Event()
     pauses: list[dict[str, Any]] = []
     resumes: list[dict[str, Any]] = []
+    streamed = [0]
 
     async def controller() -> None:
         for version in range(1, CYCLES + 1):
-            while (await admin.pause_state())["in_flight"] < 8:
+            # Under load the first tokens can take longer than any fixed wait: pause only once
+            # the weights of this version have streamed tokens and calls are in flight.
+            mark = streamed[0]
+            while streamed[0] - mark < 8 or (await admin.pause_state())["in_flight"] < 8:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.15)  # mid-generation: the calls have produced tokens
             pauses.append(await admin.pause_rollout(f"update {version}"))
@@ -111,7 +122,7 @@ async def _run(proxy: str, engine_url: str, weights: dict[int, Path]) -> dict[st
             await asyncio.sleep(0.2)
         done.set()
 
-    agents = [_agent(proxy, i, done) for i in range(SESSIONS)]
+    agents = [_agent(proxy, i, done, streamed) for i in range(SESSIONS)]
     _, *calls = await asyncio.wait_for(asyncio.gather(controller(), *agents), timeout=240)
     trajectories = {}
     for i in range(SESSIONS):
