@@ -30,7 +30,11 @@ def test_routings_change_only_who_scores_each_dataset(tmp_path: Path) -> None:
     one = routed_config(EMBEDDED, "one_teacher", tmp_path)
     assert _routes(one) == {"calculator": "calculator", "lookup": "calculator"}
     assert list(json.loads(one.read_text())["teachers"]) == ["calculator"]
-    for path in (configured, one):  # each loads as a valid config from its new folder
+    other = routed_config(EMBEDDED, "one_teacher", tmp_path, teacher="lookup")
+    assert other.name == "one_teacher-lookup.json"
+    assert _routes(other) == {"calculator": "lookup", "lookup": "lookup"}
+    assert list(json.loads(other.read_text())["teachers"]) == ["lookup"]
+    for path in (configured, one, other):  # each loads as a valid config from its new folder
         config = load_mopd_config(path)
         assert all(Path(ds.path).is_file() for ds in config.datasets)
 
@@ -38,6 +42,10 @@ def test_routings_change_only_who_scores_each_dataset(tmp_path: Path) -> None:
 def test_a_bad_routing_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="routing 'sideways'"):
         routed_config(EMBEDDED, "sideways", tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no teacher 'math'"):
+        routed_config(EMBEDDED, "one_teacher", tmp_path, teacher="math")
+    with pytest.raises(ValueError, match="routing 'swapped' takes no teacher"):
+        routed_config(EMBEDDED, "swapped", tmp_path, teacher="lookup")
     data = json.loads(EMBEDDED.read_text())
     data["datasets"][1]["teacher_id"] = "calculator"
     data["teachers"].pop("lookup")

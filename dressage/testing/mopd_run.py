@@ -51,12 +51,19 @@ class MopdRunResult:
     folder: Path
 
 
-def routed_config(source: Path, routing: Routing, folder: Path) -> Path:
+def routed_config(
+    source: Path, routing: Routing, folder: Path, *, teacher: str | None = None
+) -> Path:
     """A copy of the MOPD config ``source`` with its datasets' routing changed, paths absolute:
     ``configured`` as is, ``swapped`` (each of two datasets scored by the other's teacher),
-    ``one_teacher`` (the first dataset's teacher scores every dataset)."""
+    ``one_teacher`` (``teacher``, by default the first dataset's, scores every dataset; the
+    other teachers are dropped). Written to ``folder/<routing>[-<teacher>].json``."""
     data = json.loads(source.read_text())
     teachers = [ds["teacher_id"] for ds in data["datasets"]]
+    if teacher is not None and routing != "one_teacher":
+        raise ValueError(f"routing {routing!r} takes no teacher, got {teacher!r}")
+    if teacher is not None and teacher not in data["teachers"]:
+        raise ValueError(f"{source}: no teacher {teacher!r} (it has {sorted(data['teachers'])})")
     for ds in data["datasets"]:
         for key in ("path", "eval_path"):
             if ds.get(key):
@@ -68,13 +75,14 @@ def routed_config(source: Path, routing: Routing, folder: Path) -> Path:
         for ds in data["datasets"]:
             ds["teacher_id"] = second if ds["teacher_id"] == first else first
     elif routing == "one_teacher":
+        teacher = teacher or teachers[0]
         for ds in data["datasets"]:
-            ds["teacher_id"] = teachers[0]
-        data["teachers"] = {teachers[0]: data["teachers"][teachers[0]]}
+            ds["teacher_id"] = teacher
+        data["teachers"] = {teacher: data["teachers"][teacher]}
     elif routing != "configured":
         raise ValueError(f"routing {routing!r}: expected one of {ROUTINGS}")
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{routing}.json"
+    path = folder / (f"{routing}-{teacher}.json" if teacher else f"{routing}.json")
     path.write_text(json.dumps(data, indent=1))
     return path
 

@@ -1,0 +1,80 @@
+"""dressage.testing.controls: the conditions of bench/mopd_transfer.py and its verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from dressage.testing.controls import (
+    control_conditions,
+    own_teacher_of,
+    transfer_verdict,
+)
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.unit
+
+EMBEDDED = REPO / "configs/mopd/embedded.json"
+OWN = {"calculator": "calculator", "lookup": "lookup"}
+
+
+def _table(**changes: dict[str, tuple[float, float]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """A run of the CPU controls: each one-teacher student learns only its teacher's task."""
+    table = {
+        "configured": {"calculator": (0.85, 0.03), "lookup": (1.0, 0.0)},
+        "swapped": {"calculator": (0.0, 0.0), "lookup": (0.02, 0.03)},
+        "one_teacher:calculator": {"calculator": (0.81, 0.05), "lookup": (0.04, 0.03)},
+        "one_teacher:lookup": {"calculator": (0.05, 0.04), "lookup": (1.0, 0.0)},
+        "no_training": {"calculator": (0.12, 0.0), "lookup": (0.06, 0.0)},
+    }
+    for name, row in changes.items():
+        table[name] = {**table[name], **row}
+    return table
+
+
+def test_the_conditions_are_the_configured_swapped_and_each_single_teacher() -> None:
+    names = [c.name for c in control_conditions(EMBEDDED)]
+    assert names == ["configured", "swapped", "one_teacher:calculator", "one_teacher:lookup"]
+    assert own_teacher_of(EMBEDDED) == OWN
+
+
+def test_a_teacher_alone_on_its_own_task_is_judged_by_the_worst_task() -> None:
+    verdict = transfer_verdict(_table(), OWN)
+    assert verdict["met"] is True
+    calculator = verdict["per_task"]["calculator"]
+    # one_teacher:calculator scores calculator as configured does: not a control there
+    assert calculator["strongest_control"] == "no_training"
+    assert calculator["margin"] == pytest.approx(0.82 - 0.12)
+    lookup = verdict["per_task"]["lookup"]
+    assert lookup["strongest_control"] == "one_teacher:calculator"  # 4% +- 3% over 6% +- 0
+    assert lookup["margin"] == pytest.approx(1.0 - 0.07)
+    assert verdict["worst_task_margin"] == {
+        "one_teacher:calculator": pytest.approx(0.82 - 0.07),
+        "one_teacher:lookup": pytest.approx(0.82 - 0.09),
+    }
+    assert verdict["task"] == "calculator"
+    assert (verdict["ours"], verdict["baseline"]) == (0.85, 0.12)
+
+
+def test_a_control_within_the_spread_fails_the_verdict_on_its_task() -> None:
+    verdict = transfer_verdict(_table(swapped={"lookup": (0.9, 0.1)}), OWN)
+    assert verdict["met"] is False
+    assert verdict["task"] == "lookup"
+    assert verdict["per_task"]["lookup"]["strongest_control"] == "swapped"
+    assert verdict["per_task"]["lookup"]["margin"] <= 0
+    assert verdict["per_task"]["calculator"]["margin"] > 0
+
+
+def test_one_teacher_that_teaches_both_tasks_fails_the_worst_task_rule() -> None:
+    table = _table(**{"one_teacher:calculator": {"lookup": (0.9, 0.02)}})
+    verdict = transfer_verdict(table, OWN)
+    assert verdict["met"] is False
+    assert verdict["worst_task_margin"]["one_teacher:calculator"] < 0
+    # on lookup the calculator teacher alone is a control, and it is there too
+    assert verdict["per_task"]["lookup"]["strongest_control"] == "one_teacher:calculator"
+
+
+def test_a_missing_row_is_named() -> None:
+    table = _table()
+    del table["no_training"]
+    with pytest.raises(ValueError, match=r"no_training/calculator"):
+        transfer_verdict(table, OWN)
