@@ -40,11 +40,13 @@ EMBEDDED_MOPD_OPTIONS: dict[str, Any] = {
     "mopd_forward_kl_weight": 0.5,
     "max_tokens_per_gpu": 8192,
     "max_staleness": 2,
+    "max_groups_ahead": 64,
 }
 """``advanced`` settings for the embedded default's tiny models (the demo, the MOPD benchmarks
 and e2e tests; the defaults below are a real model's): short agent turns, the dense objective
 with half its weight on the forward KL, a step's samples trained in one or two packed
-micro-batches, groups at most 2 weight versions stale (the ``mopd_`` keys are MOPD-only)."""
+micro-batches, groups at most 2 weight versions stale and at most 64 groups (two steps of 32
+prompts) generated ahead of training (the ``mopd_`` keys are MOPD-only)."""
 
 
 class ClusterOptions(ClusterLayout):
@@ -84,6 +86,10 @@ class JobOptions(BaseModel):
     stale_policy: Literal["drop", "mask"] = "drop"
     groups_in_flight: int | None = Field(None, ge=1)
     """Groups the background rollout keeps generating (default 2 x rollout_batch_size)."""
+    max_groups_ahead: int | None = Field(None, ge=1)
+    """Groups the background rollout may hold ahead of training, generating or finished and not
+    yet trained; at that many it waits (unset: it never idles, as slime's worker; groups that
+    grow too old are then generated only for ``max_staleness`` to drop them)."""
     mopd_advantage_clip: float | None = Field(None, gt=0)
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
     """``dense``: the reverse KL to the teacher over the whole vocabulary; embedded backend

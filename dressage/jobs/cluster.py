@@ -82,6 +82,18 @@ def optimizer_flags(options: JobOptions) -> list[str]:
     ]  # fmt: skip
 
 
+def rollout_flags(options: JobOptions) -> list[str]:
+    """The run's partial-rollout bounds as the paused async driver's flags (the ones set)."""
+    bounded = options.max_staleness is not None
+    values = {
+        "--dressage-max-staleness": options.max_staleness,
+        "--dressage-stale-policy": options.stale_policy if bounded else None,
+        "--dressage-async-groups-in-flight": options.groups_in_flight,
+        "--dressage-async-max-groups-ahead": options.max_groups_ahead,
+    }
+    return [x for flag, v in values.items() if v is not None for x in (flag, str(v))]
+
+
 def cluster_plan(
     run: TrainRunConfig,
     *,
@@ -94,10 +106,12 @@ def cluster_plan(
     host: str,
     environ: Mapping[str, str],
     optimizer: Sequence[str] = (),
+    rollout: Sequence[str] = (),
 ) -> ClusterPlan:
     """Validate and build (raises :class:`~dressage.config.mopd.MopdConfigError` for MOPD).
     ``optimizer``: slime flags (:func:`optimizer_flags`) placed before ``cluster.extra_args``,
-    which can still override them."""
+    which can still override them; ``rollout``: the partial rollout's (:func:`rollout_flags`),
+    for GRPO with partial rollout (MOPD's driver runs slime's own rollout)."""
     out = Path(run.output_dir)
     proxy_url = f"http://{host}:{cluster.proxy_port}"
     router = ["--sglang-router-ip", host, "--sglang-router-port", str(cluster.router_port)]
@@ -141,7 +155,7 @@ def cluster_plan(
     argv += ["--seed", str(run.seed), "--rollout-seed", str(run.seed)]
     argv += ["--advantage-estimator", "grpo", "--loss-type", "policy_loss"]
     if partial_rollout:
-        argv += ["--rollout-function-path", PARTIAL_ASYNC_ROLLOUT]
+        argv += ["--rollout-function-path", PARTIAL_ASYNC_ROLLOUT, *rollout]
     for attr in (
         "data_source_path",
         "custom_generate_function_path",

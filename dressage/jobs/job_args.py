@@ -78,6 +78,7 @@ def job_args(
         "dressage_max_staleness": options.max_staleness,
         "dressage_stale_policy": options.stale_policy,
         "dressage_async_groups_in_flight": options.groups_in_flight,
+        "dressage_async_max_groups_ahead": options.max_groups_ahead,
     }
     if mopd:
         values |= {

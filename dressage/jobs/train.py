@@ -87,7 +87,13 @@ def _check_service(name: str, url: str) -> None:
 
 def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
     """The ray backend: slime's command with the proxy beside it (:mod:`dressage.jobs.cluster`)."""
-    from dressage.jobs.cluster import cluster_plan, node_address, optimizer_flags, run_on_cluster
+    from dressage.jobs.cluster import (
+        cluster_plan,
+        node_address,
+        optimizer_flags,
+        rollout_flags,
+        run_on_cluster,
+    )
 
     try:
         plan = cluster_plan(
@@ -101,6 +107,7 @@ def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
             host=node_address(),
             environ=os.environ,
             optimizer=optimizer_flags(options),
+            rollout=rollout_flags(options),
         )
         return run_on_cluster(plan)
     except (MopdConfigError, ValueError) as exc:

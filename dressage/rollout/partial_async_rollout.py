@@ -7,8 +7,12 @@ slime calls ``generate_rollout_partial_async(args, rollout_id, data_source, eval
 (docs/slime.md §2). The first call starts a worker: a thread with its own asyncio loop (as
 slime's fully-async rollout, §8.5) that keeps up to ``--dressage-async-groups-in-flight`` groups
 (default ``2 x rollout_batch_size``) generating through ``group_generation.generate_group`` and
-queues each finished group. Like slime's worker it never idles: when agents outpace training the
-queue grows, and the staleness bound below is what keeps old groups out of training. Each call
+queues each finished group. Like slime's worker it never idles unless told to: when agents
+outpace training the queue grows, and the staleness bound below is what keeps old groups out of
+training, by dropping groups that were generated for nothing (in a GRPO run on 2 cores, 8-22
+for every 8 trained, taking CPU from the trainer). ``--dressage-async-max-groups-ahead N``
+bounds the groups ahead of training, generating or finished and not yet taken: at ``N`` the
+worker waits until a call takes some. Each call
 returns exactly ``rollout_batch_size`` finished groups, in the order they finished, blocking
 until enough are done; the surplus (and everything still generating) carries over to the next
 call. Weight updates do not stop the worker: the driver pauses the
@@ -152,6 +156,8 @@ class _Worker:
         self.batch = int(args.rollout_batch_size)
         limit = getattr(args, "dressage_async_groups_in_flight", None)
         self.limit = int(limit) if limit else 2 * self.batch
+        ahead = getattr(args, "dressage_async_max_groups_ahead", None)
+        self.ahead = int(ahead) if ahead else None
         self.params = sampling_params_from_args(args)
         self.version_fn = _version_source(args)
         self.finished: queue.Queue[FinishedGroup] = queue.Queue()
@@ -174,6 +180,10 @@ class _Worker:
             self._loop.run_until_complete(self._main())
         finally:
             self._loop.close()
+
+    def _room(self, generating: int) -> bool:
+        """Below ``--dressage-async-max-groups-ahead`` (generating plus finished, not taken)."""
+        return self.ahead is None or generating + self.finished.qsize() < self.ahead
 
     def current_version(self) -> int:
         try:
@@ -198,7 +208,7 @@ class _Worker:
         tasks: set[asyncio.Task[FinishedGroup]] = set()
         try:
             while not self._stop.is_set() and self.error is None:
-                while len(tasks) < self.limit:
+                while len(tasks) < self.limit and self._room(len(tasks)):
                     with self.lock:
                         (group,) = self.data_source.get_samples(1)
                     tasks.add(asyncio.create_task(self._one(group)))

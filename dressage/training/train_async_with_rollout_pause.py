@@ -242,6 +242,12 @@ def add_rollout_pause_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--dressage-max-staleness", type=int, help="bound on a group's age in weight versions")
     add("--dressage-stale-policy", choices=["drop", "mask"], default="drop")
     add("--dressage-async-groups-in-flight", type=int, help="default: 2 x rollout batch size")
+    add(
+        "--dressage-async-max-groups-ahead",
+        type=int,
+        help="groups generating or finished and not yet trained at which the rollout waits "
+        "(default: no bound)",
+    )
     add_dressage_arguments(group)
     return parser
 

@@ -18,7 +18,7 @@ import pytest
 from dressage.config.job import ClusterOptions, JobOptions
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.config.run import TrainRunConfig
-from dressage.jobs.cluster import cluster_plan, optimizer_flags
+from dressage.jobs.cluster import cluster_plan, optimizer_flags, rollout_flags
 from dressage.jobs.train import main
 from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import REPO, free_port
@@ -57,6 +57,7 @@ def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-de
         host="10.0.0.7",
         environ={},
         optimizer=optimizer_flags(JobOptions.model_validate(run.advanced)),
+        rollout=rollout_flags(JobOptions.model_validate(run.advanced)),
     )
 
 
@@ -108,6 +109,16 @@ def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Pa
     assert _value(plan.argv, "--num-layers") == "2"
     assert "--colocate" in plan.argv  # the same layout flags as the MOPD builder
     assert plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"] == EMBEDDED
+    assert not [a for a in plan.argv if a.startswith("--dressage-async") or "stale" in a]
+
+
+def test_the_partial_rollout_bounds_reach_the_grpo_driver(tmp_path: Path) -> None:
+    bounds = {"max_staleness": 2, "stale_policy": "mask", "max_groups_ahead": 32}
+    plan = _plan(_run(tmp_path, objective="grpo", groups_in_flight=8, **bounds))
+    assert _value(plan.argv, "--dressage-max-staleness") == "2"
+    assert _value(plan.argv, "--dressage-stale-policy") == "mask"
+    assert _value(plan.argv, "--dressage-async-groups-in-flight") == "8"
+    assert _value(plan.argv, "--dressage-async-max-groups-ahead") == "32"
 
 
 def test_the_entrypoint_serves_the_proxy_while_slime_runs_and_stops_it_after(

@@ -78,6 +78,24 @@ def test_each_call_returns_a_full_batch_and_carries_the_rest_over() -> None:
     assert [g[0].group_index for g in out.samples] == carried[:2], "oldest finished first"
 
 
+def test_the_worker_keeps_at_most_the_bound_ahead_of_training() -> None:
+    source, args = hooks.ListDataSource(), _args(dressage_async_max_groups_ahead=6)
+    _rollout(args, 0, source)
+    worker = par._WORKERS[id(source)]
+    deadline = time.monotonic() + 10
+    while worker.finished.qsize() < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # time enough for the fake agents to finish several more groups
+    assert worker.finished.qsize() == 6
+    assert worker.started == 2 + 6, "the 2 groups taken and the 6 ahead, nothing more"
+    _rollout(args, 1, source)  # taking 2 frees room for 2 more
+    deadline = time.monotonic() + 10
+    while worker.started < 10 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert worker.started == 10
+
+
 def test_stale_groups_are_dropped_and_their_prompts_requeued() -> None:
     source = hooks.ListDataSource()
     args = _args(dressage_max_staleness=1, dressage_stale_policy="drop")

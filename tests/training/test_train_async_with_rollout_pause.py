@@ -98,8 +98,10 @@ def test_driver_imports_without_slime_and_adds_its_flags() -> None:
         "import sys, argparse, dressage.training.train_async_with_rollout_pause as d\n"
         "assert not [m for m in sys.modules if m == 'slime' or m.startswith('slime.')]\n"
         "a = d.add_rollout_pause_arguments(argparse.ArgumentParser()).parse_args(\n"
-        "    ['--dressage-max-staleness', '2', '--dressage-stale-policy', 'mask'])\n"
+        "    ['--dressage-max-staleness', '2', '--dressage-stale-policy', 'mask',\n"
+        "     '--dressage-async-max-groups-ahead', '16'])\n"
         "assert (a.dressage_max_staleness, a.dressage_stale_policy) == (2, 'mask')\n"
+        "assert a.dressage_async_max_groups_ahead == 16\n"
         "assert a.dressage_pause_mode == 'abort' and a.dressage_proxy_url is None\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
