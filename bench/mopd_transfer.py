@@ -1,6 +1,6 @@
 """MOPD transfer against controls: a skill moves from the teacher that has it, and only from it.
 
-    python bench/mopd_transfer.py                        # 3 seeds, 100 steps: ~40 min on 2 cores
+    python bench/mopd_transfer.py                        # 3 seeds, 100 steps: ~27 min on 2 cores
     python bench/mopd_transfer.py --device cuda --parallel 12
     python bench/mopd_transfer.py --steps 10 --seeds 0   # a smoke run
 

@@ -8,10 +8,10 @@ The embedded GRPO job (``python -m dressage.jobs.train`` with ``objective: grpo`
 on) on ``configs/mopd/embedded.json``'s calculator prompts only, rewarded by the task's
 exact-match reward; no teacher. The student (``STUDENT``, built by the project's own code and
 cached) is the generalist base after 18 supervised calculator steps: it solves 25% of the
-held-out calculator rows (inside the issue's 10-40%). Per seed: held-out accuracy before the
-first step (``baseline``) and after the last (``ours``), both the job's own measurement (the
-agent loop, greedy). Target: every seed gains at least 0.3 (absolute). The last line is the
-verdict as JSON.
+config's 16 held-out calculator rows and 30% of the benchmark's 64 (inside the issue's
+10-40%). Per seed: held-out accuracy before the first step (``baseline``) and after the last
+(``ours``), both the job's own measurement (the agent loop, greedy). Target: every seed gains
+at least 0.3 (absolute). The last line is the verdict as JSON.
 
 The recipe: 30 steps of 8 prompts x 8 samples at temperature 0.7, learning rate 1e-4, at most
 two steps of groups ahead of training. At 1e-3 the policy fell apart within 10 steps (entropy
