@@ -28,10 +28,12 @@ at each response position, not only the sampled token's (the dense MOPD objectiv
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
+from dressage.causal_lm import input_embedding_module, to_device
 from dressage.training.log_probs import (
     causal_lm_response_log_probs,
     causal_lm_response_log_softmax,
@@ -262,6 +264,16 @@ class TeacherBank(WeightStore):
             if live != self.student_tag:
                 self.restore(self.student_tag)
 
+    def _live_embeddings(self) -> Callable[[Tensor], Tensor]:
+        """The live embedding lookup as an ``input_embeddings`` callable (which makes the
+        forward a single plain pass: :func:`dressage.causal_lm.causal_lm_hidden`)."""
+        module = input_embedding_module(self.model)
+
+        def embed(ids: Tensor) -> Tensor:
+            return cast(Tensor, module(to_device(ids, self.device)))
+
+        return embed
+
     def _copies(self) -> CopyEngine:
         return CudaCopies(self.device) if self.device.type == "cuda" else InlineCopies()
 
@@ -285,9 +297,15 @@ class TeacherBank(WeightStore):
                     live = tag
                     following = jobs[k + 1][0] if k + 1 < len(jobs) else self.student_tag
                     for j, positions in enumerate(micro_batches):
-                        if j == len(micro_batches) - 1 and following != tag:
+                        armed = j == len(micro_batches) - 1 and following != tag
+                        if armed:
                             streamer.arm(tag, following)
                         embeddings = streamer.input_embeddings(tag)
+                        if armed and embeddings is None:
+                            # One pass through the layers: the shared-prefix forward makes two
+                            # (the prefix, then the suffixes on its cache), and the next model's
+                            # layer i lands in the buffers right after its first use.
+                            embeddings = self._live_embeddings()
                         full = tag in full_tags
                         self._run(
                             positions, tokens, response_lengths, results, embeddings, full=full

@@ -78,6 +78,44 @@ def test_scores_equal_each_model_alone_and_the_student_comes_back_bit_for_bit(
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
+PREFIX_TAGS = ["student", "student", "math", "math", "code", "code"]
+
+
+@pytest.fixture(scope="module")
+def prefixed() -> tuple[list[torch.Tensor], list[int]]:
+    """Agent-like samples: one 80-token prompt prefix (over the shared-prefix forward's
+    minimum), then each sample's own turn."""
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, 200_000, (80,), generator=gen)
+    tokens = [torch.cat([prefix, torch.randint(0, 200_000, (n,), generator=gen)]) for n in
+              (6, 9, 5, 8, 7, 6)]  # fmt: skip
+    return tokens, [4, 5, 3, 4, 4, 3]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "streamed"])
+def test_samples_sharing_a_prompt_prefix_score_as_each_model_alone(
+    student: nn.Module,
+    bank: TeacherBank,
+    prefixed: tuple[list[torch.Tensor], list[int]],
+    overlap: bool,
+) -> None:
+    """The shared-prefix forward runs the layers twice (the prefix, then the suffixes on its
+    cache): a model streamed in behind the current one's last micro-batch must land after the
+    second pass, not between the two (it did: the student scored with the next teacher's
+    layers on its last micro-batch)."""
+    tokens, resp = prefixed
+    models = {"student": student, "math": load_tiny(1), "code": load_tiny(2)}
+    with torch.no_grad():
+        alone = [
+            causal_lm_response_log_probs(models[tag], [t], [r])[0]
+            for t, r, tag in zip(tokens, resp, PREFIX_TAGS, strict=True)
+        ]
+    # two samples per micro-batch: every model's pass is one shared-prefix group
+    scores = bank.score(tokens, resp, PREFIX_TAGS, max_tokens=200, overlap=overlap)
+    for i, tag in enumerate(PREFIX_TAGS):
+        assert torch.allclose(scores[i], alone[i], atol=1e-5), (i, tag)
+
+
 @pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "streamed"])
 def test_full_tags_get_the_whole_log_softmax_at_their_response_positions(
     student: nn.Module,
@@ -308,6 +346,23 @@ def test_streamed_scoring_on_cuda_matches_sequential(
     for a, b in zip(seq, streamed, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    bank.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_streamed_scoring_on_cuda_of_samples_sharing_a_prefix_matches_sequential(
+    prefixed: tuple[list[torch.Tensor], list[int]],
+) -> None:
+    model = load_tiny(0).cuda()
+    bank = TeacherBank(model)
+    bank.add_teacher("math", tiny_dir(1))
+    bank.add_teacher("code", tiny_dir(2))
+    tokens, resp = prefixed
+    seq = bank.score(tokens, resp, PREFIX_TAGS, max_tokens=200, overlap=False)
+    streamed = bank.score(tokens, resp, PREFIX_TAGS, max_tokens=200, overlap=True)
+    for i, (a, b) in enumerate(zip(seq, streamed, strict=True)):
+        assert torch.allclose(a, b, atol=1e-5), (i, PREFIX_TAGS[i])
     bank.close()
 
 
