@@ -11,7 +11,7 @@ job makes of them: :mod:`dressage.jobs.job_args` (slime's ``args``) and
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -90,6 +90,13 @@ class JobOptions(BaseModel):
     """Groups the background rollout may hold ahead of training, generating or finished and not
     yet trained; at that many it waits (unset: it never idles, as slime's worker; groups that
     grow too old are then generated only for ``max_staleness`` to drop them)."""
+    kl_loss_coef: float = Field(0.0, ge=0)
+    """GRPO only: the weight of a KL term to the reference, the student as the run starts
+    (slime's ``--use-kl-loss --kl-loss-coef``); 0: no term and no reference is kept."""
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    """The per-token KL estimator of that term (slime's ``--kl-loss-type``)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """GRPO only: the weight of an entropy bonus (slime's ``--entropy-coef``)."""
     mopd_advantage_clip: float | None = Field(None, gt=0)
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
     """``dense``: the reverse KL to the teacher over the whole vocabulary; embedded backend
@@ -109,6 +116,20 @@ class JobOptions(BaseModel):
     when the datasets have ``eval_path`` rows); None: only before and after the run."""
     cluster: ClusterOptions = ClusterOptions()
     """The ray backend's parallelism, GPUs, W&B and further slime flags."""
+
+    GRPO_ONLY: ClassVar[tuple[str, ...]] = ("kl_loss_coef", "entropy_coef")
+    """Loss terms MOPD's objective has no place for (see :meth:`objective_problems`)."""
+
+    def objective_problems(self, objective: str) -> list[str]:
+        """Options set here that the run's ``objective`` refuses (MOPD: the GRPO-only terms)."""
+        if objective != "mopd":
+            return []
+        return [
+            f"advanced.{name} {getattr(self, name)} is GRPO-only: MOPD's loss is the distance to "
+            "its teachers, with no KL-to-reference or entropy term"
+            for name in self.GRPO_ONLY
+            if getattr(self, name)
+        ]
 
     @model_validator(mode="after")
     def _forward_kl_needs_dense(self) -> JobOptions:

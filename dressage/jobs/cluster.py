@@ -40,7 +40,14 @@ from dressage.config.run import ClusterLayout, MopdRunConfig, TrainRunConfig
 from dressage.health import wait_healthy
 from dressage.launch.slime_command import layout_flags
 
-__all__ = ["ClusterPlan", "cluster_plan", "optimizer_flags", "run_on_cluster"]
+__all__ = [
+    "ClusterPlan",
+    "cluster_plan",
+    "grpo_loss_flags",
+    "optimizer_flags",
+    "rollout_flags",
+    "run_on_cluster",
+]
 
 GRPO_DRIVER = "dressage.training.train_async_with_rollout_pause"
 PARTIAL_ASYNC_ROLLOUT = "dressage.rollout.partial_async_rollout.generate_rollout_partial_async"
@@ -80,6 +87,17 @@ def optimizer_flags(options: JobOptions) -> list[str]:
         "--min-lr", repr(options.min_lr),
         "--lr-warmup-iters", str(options.lr_warmup_iters),
     ]  # fmt: skip
+
+
+def grpo_loss_flags(options: JobOptions) -> list[str]:
+    """The GRPO loss's extra terms as slime's flags (the ones set)."""
+    flags: list[str] = []
+    if options.kl_loss_coef:
+        flags += ["--use-kl-loss", "--kl-loss-coef", repr(options.kl_loss_coef)]
+        flags += ["--kl-loss-type", options.kl_loss_type]
+    if options.entropy_coef:
+        flags += ["--entropy-coef", repr(options.entropy_coef)]
+    return flags
 
 
 def rollout_flags(options: JobOptions) -> list[str]:

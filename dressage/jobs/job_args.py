@@ -92,5 +92,12 @@ def job_args(
             "mopd_forward_kl_weight": options.mopd_forward_kl_weight,
         }
     else:
-        values |= {"advantage_estimator": "grpo", "loss_type": "policy_loss"}
+        values |= {
+            "advantage_estimator": "grpo",
+            "loss_type": "policy_loss",
+            "use_kl_loss": options.kl_loss_coef > 0,
+            "kl_loss_coef": options.kl_loss_coef,
+            "kl_loss_type": options.kl_loss_type,
+            "entropy_coef": options.entropy_coef,
+        }
     return trainer_args(**values)

@@ -67,6 +67,8 @@ def _load(path: Path) -> tuple[TrainRunConfig, JobOptions]:
         raise JobConfigError(
             f"run config {path}: the embedded backend needs engine_url and proxy_url"
         )
+    for problem in options.objective_problems(run.objective):
+        raise JobConfigError(f"run config {path}: {problem}")
     if run.backend == "ray" and options.mopd_objective == "dense":
         raise JobConfigError(
             f"run config {path}: advanced.mopd_objective 'dense' is embedded-only for now "
@@ -89,6 +91,7 @@ def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
     """The ray backend: slime's command with the proxy beside it (:mod:`dressage.jobs.cluster`)."""
     from dressage.jobs.cluster import (
         cluster_plan,
+        grpo_loss_flags,
         node_address,
         optimizer_flags,
         rollout_flags,
@@ -106,7 +109,7 @@ def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
             mopd_advantage_clip=options.mopd_advantage_clip,
             host=node_address(),
             environ=os.environ,
-            optimizer=optimizer_flags(options),
+            optimizer=[*optimizer_flags(options), *grpo_loss_flags(options)],
             rollout=rollout_flags(options),
         )
         return run_on_cluster(plan)

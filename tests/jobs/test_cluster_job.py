@@ -18,7 +18,7 @@ import pytest
 from dressage.config.job import ClusterOptions, JobOptions
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.config.run import TrainRunConfig
-from dressage.jobs.cluster import cluster_plan, optimizer_flags, rollout_flags
+from dressage.jobs.cluster import cluster_plan, grpo_loss_flags, optimizer_flags, rollout_flags
 from dressage.jobs.train import main
 from dressage.tiny.checkpoints import resolve_checkpoint
 from tests.helpers import REPO, free_port
@@ -56,7 +56,10 @@ def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-de
         mopd_advantage_clip=None,
         host="10.0.0.7",
         environ={},
-        optimizer=optimizer_flags(JobOptions.model_validate(run.advanced)),
+        optimizer=[
+            *optimizer_flags(JobOptions.model_validate(run.advanced)),
+            *grpo_loss_flags(JobOptions.model_validate(run.advanced)),
+        ],
         rollout=rollout_flags(JobOptions.model_validate(run.advanced)),
     )
 
@@ -119,6 +122,16 @@ def test_the_partial_rollout_bounds_reach_the_grpo_driver(tmp_path: Path) -> Non
     assert _value(plan.argv, "--dressage-stale-policy") == "mask"
     assert _value(plan.argv, "--dressage-async-groups-in-flight") == "8"
     assert _value(plan.argv, "--dressage-async-max-groups-ahead") == "32"
+
+
+def test_grpos_kl_and_entropy_terms_reach_slime(tmp_path: Path) -> None:
+    plan = _plan(_run(tmp_path, objective="grpo", kl_loss_coef=0.05, entropy_coef=0.001))
+    assert "--use-kl-loss" in plan.argv
+    assert _value(plan.argv, "--kl-loss-coef") == "0.05"
+    assert _value(plan.argv, "--kl-loss-type") == "low_var_kl"
+    assert _value(plan.argv, "--entropy-coef") == "0.001"
+    plain = _plan(_run(tmp_path, objective="grpo"))
+    assert not {"--use-kl-loss", "--kl-loss-coef", "--entropy-coef"} & set(plain.argv)
 
 
 def test_the_entrypoint_serves_the_proxy_while_slime_runs_and_stops_it_after(

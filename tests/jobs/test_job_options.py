@@ -72,3 +72,30 @@ def test_the_forward_kl_share_reaches_the_trainer(tmp_path: Path) -> None:
     run = _run(tmp_path, mopd_objective="dense", mopd_forward_kl_weight=0.5)
     args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
     assert args.mopd_forward_kl_weight == 0.5
+
+
+def test_grpos_kl_to_reference_and_entropy_terms_reach_the_trainer(tmp_path: Path) -> None:
+    run = _run(tmp_path, kl_loss_coef=0.05, entropy_coef=0.001).model_copy(
+        update={"objective": "grpo"}
+    )
+    args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
+    assert args.use_kl_loss is True and args.kl_loss_coef == 0.05
+    assert args.kl_loss_type == "low_var_kl" and args.entropy_coef == 0.001
+    plain = _run(tmp_path).model_copy(update={"objective": "grpo"})
+    args = job_args(plain, JobOptions.model_validate({}), student=tmp_path, admin_key=None)
+    assert args.use_kl_loss is False and args.entropy_coef == 0.0  # no reference kept
+
+
+@pytest.mark.parametrize("option", ["kl_loss_coef", "entropy_coef"])
+def test_a_grpo_only_term_on_a_mopd_run_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    run = _run(tmp_path, **{option: 0.1})
+    assert main(["--run-config", str(run.write(tmp_path / "run.json"))]) == 2
+    assert f"advanced.{option} 0.1 is GRPO-only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_kl_estimator_is_refused() -> None:
+    with pytest.raises(ValueError, match="kl_loss_type"):
+        JobOptions.model_validate({"kl_loss_coef": 0.1, "kl_loss_type": "k4"})
