@@ -3,6 +3,8 @@
     python bench/mopd_transfer.py                        # 3 seeds, 100 steps: ~27 min on 2 cores
     python bench/mopd_transfer.py --device cuda --parallel 12
     python bench/mopd_transfer.py --steps 10 --seeds 0   # a smoke run
+    python bench/mopd_transfer.py --config configs/mopd/scale.json --device cuda --steps 150 \
+        --eval-interval 10 --out R.json --plot R.png      # at scale (larger models), with curves
 
 The embedded MOPD job itself (``python -m dressage.jobs.train`` against its own engine and
 recording proxy, the tool agent, the dense objective: what ``make demo`` runs), on
@@ -28,6 +30,7 @@ project's 5 minutes on a 2-core CPU; on the GPU machine they run side by side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -41,6 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dressage.config.mopd import load_mopd_config  # noqa: E402
+from dressage.reporting.metrics import (  # noqa: E402
+    ACCURACY,
+    HELDOUT_KL,
+    REVERSE_KL,
+    read_metrics,
+    series,
+)
 from dressage.testing.controls import (  # noqa: E402
     NO_TRAINING,
     Condition,
@@ -59,7 +69,9 @@ def run_one(
     condition: Condition, seed: int, student: Path, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
     """One job (its own engine and proxy); its accuracies before the first step and after."""
-    config = routed_config(EMBEDDED, condition.routing, work / "configs", teacher=condition.teacher)
+    config = routed_config(
+        args.config, condition.routing, work / "configs", teacher=condition.teacher
+    )
     result = run_mopd_job(
         config,
         student,
@@ -69,8 +81,9 @@ def run_one(
         prompts_per_step=args.batch,
         learning_rate=args.lr,
         device=args.device,
+        advanced={"eval_interval": args.eval_interval or args.steps},
     )
-    row = {
+    row: dict[str, Any] = {
         "condition": condition.name,
         "seed": seed,
         "before": result.before,
@@ -78,7 +91,68 @@ def run_one(
         "seconds": result.seconds,
     }
     print(json.dumps(row), flush=True)
-    return row
+    return row | run_curves(result.folder / "output" / "metrics.jsonl")
+
+
+def run_curves(metrics: Path) -> dict[str, dict[str, list[list[float]]]]:
+    """A run's curves from its ``metrics.jsonl``, as [step, value] lists: held-out accuracy per
+    task (step -1: before training), sampled and held-out reverse KL per teacher."""
+    records = read_metrics(metrics)
+    return {
+        key: {
+            name: [[step, round(value, 5)] for step, value in points]
+            for name, points in series(records, family).items()
+        }
+        for key, family in (
+            ("accuracy_curves", ACCURACY),
+            ("reverse_kl_curves", REVERSE_KL),
+            ("heldout_kl_curves", HELDOUT_KL),
+        )
+    }
+
+
+def plot_transfer(results: list[dict[str, Any]], out: Path, *, title: str) -> None:
+    """Held-out accuracy per task for every run (configured solid, controls dashed) and the
+    configured runs' sampled and held-out reverse KL per teacher, one line per seed."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 9), layout="constrained")
+    axes = fig.subplots(2, 2, squeeze=False)
+    colours = {"configured": "tab:blue", "swapped": "tab:red"}
+    hues = {"calculator": "tab:purple", "lookup": "tab:brown"}  # the KL panels' teachers
+    for column, task in enumerate(TASKS):
+        ax = axes[0][column]
+        for run in results:
+            points = run["accuracy_curves"].get(task, [])
+            if not points:
+                continue
+            name = run["condition"]
+            colour = colours.get(name, "tab:green" if name.endswith(task) else "tab:orange")
+            xs, ys = zip(*((step + 1, value) for step, value in points), strict=True)
+            style = "-" if name == "configured" else "--"
+            label = name if run["seed"] == results[0]["seed"] else None
+            ax.plot(xs, ys, style, color=colour, alpha=0.8, label=label)
+        ax.set_title(f"{task}: held-out accuracy (agent loop, greedy)")
+        ax.set_xlabel("steps trained")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=8)
+    for column, (key, what) in enumerate(
+        (("reverse_kl_curves", "sampled reverse KL"), ("heldout_kl_curves", "held-out reverse KL"))
+    ):
+        ax = axes[1][column]
+        for run in (r for r in results if r["condition"] == "configured"):
+            for teacher, points in sorted(run[key].items()):
+                if teacher not in hues or not points:
+                    continue
+                xs, ys = zip(*((step + 1, value) for step, value in points), strict=True)
+                colour = hues[teacher]
+                label = teacher if run["seed"] == results[0]["seed"] else None
+                ax.plot(xs, ys, color=colour, alpha=0.7, label=label)
+        ax.set_title(f"configured routing: {what} to each teacher, per seed")
+        ax.set_xlabel("steps trained")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.savefig(out, dpi=90)
 
 
 def summarise(values: list[float]) -> tuple[float, float]:
@@ -94,15 +168,37 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once")
     parser.add_argument("--out", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--config", type=Path, default=EMBEDDED, help="the MOPD config")
+    parser.add_argument(
+        "--conditions", nargs="+", default=None, help="a subset of the conditions, by name"
+    )
+    parser.add_argument(
+        "--eval-interval", type=int, default=None, help="steps between held-out measurements"
+    )
+    parser.add_argument("--plot", type=Path, default=None, help="write the curves' PNG here")
+    parser.add_argument(
+        "--work", type=Path, default=None, help="keep the runs' folders here (default: temporary)"
+    )
     args = parser.parse_args()
 
-    config = json.loads(EMBEDDED.read_text())
-    build_checkpoints(load_mopd_config(EMBEDDED).built_specs())  # once; cached
+    config = json.loads(args.config.read_text())
+    built = build_checkpoints(load_mopd_config(args.config).built_specs())  # once; cached
+    failed = [str(b) for b in built if isinstance(b, ValueError)]
+    if failed:
+        raise SystemExit(f"building the config's checkpoints failed: {failed}")
     student = resolve_checkpoint(config["student"]["hf_checkpoint"])
-    conditions = control_conditions(EMBEDDED)
+    conditions = control_conditions(args.config)
+    if args.conditions:
+        unknown = set(args.conditions) - {c.name for c in conditions}
+        if unknown or "configured" not in args.conditions:
+            raise SystemExit(
+                f"--conditions {args.conditions}: must include 'configured', and only "
+                f"{[c.name for c in conditions]}"
+            )
+        conditions = [c for c in conditions if c.name in args.conditions]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mopd-transfer-") as tmp:
-        work = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mt-")))
         jobs = [(c, s) for s in args.seeds for c in conditions]
         with ThreadPoolExecutor(args.parallel) as pool:
             results = list(pool.map(lambda job: run_one(*job, student, args, work), jobs))
@@ -115,7 +211,7 @@ def main() -> int:
     for name, row in table.items():
         cells = " ".join(f"{m:>10.0%} ± {s:<5.0%}" for m, s in (row[t] for t in TASKS))
         print(f"{name:<24} {cells}")
-    judged = transfer_verdict(table, own_teacher_of(EMBEDDED))
+    judged = transfer_verdict(table, own_teacher_of(args.config))
     verdict = {
         "metric": "heldout_accuracy_configured_vs_strongest_control",
         "unit": "fraction solved (agent loop, greedy)",
@@ -132,11 +228,15 @@ def main() -> int:
         "seeds": args.seeds,
         "steps": args.steps,
         "prompts_per_step": args.batch,
+        "lr": args.lr,
+        "config": str(args.config),
         "device": args.device,
         "seconds": round(time.monotonic() - started, 1),
     }
     if args.out:
         args.out.write_text(json.dumps({"runs": results, "verdict": verdict}, indent=1))
+    if args.plot:
+        plot_transfer(results, args.plot, title=f"{args.config.name}: {args.steps} steps")
     print(json.dumps(verdict))
     return 0
 

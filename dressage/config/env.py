@@ -30,6 +30,13 @@ _DECLARED = [
         "Where generated assets (tokenizers, tiny models) are cached. "
         "Default: $XDG_CACHE_HOME/dressage or ~/.cache/dressage.",
     ),
+    EnvVar(
+        "DRESSAGE_BUILD_DEVICE",
+        None,
+        "Where the project's own models train when built (a base that does not ship, the tiny "
+        "teachers and students): cpu, cuda, cuda:1, ... Default: cuda when torch sees one, else "
+        "cpu.",
+    ),
     EnvVar("DRESSAGE_PROXY_URL", None, "Base URL of the recording proxy, for rollout code."),
     EnvVar(
         "DRESSAGE_ENGINE_ADMIN_KEY",

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from dressage.assets._cache import cached_build
 from dressage.assets.tokenizers import QWEN_VOCABS, QwenVocab, qwen_tokenizer_dir
+from dressage.config.env import env_str
 from dressage.tiny.task_tokenizer import TASK_VOCAB, task_tokenizer_dir
 
 _RECIPE_VERSION = 1
@@ -40,39 +41,60 @@ class TinyModelSpec:
     head_dim: int = 16
     max_position_embeddings: int = 32768
     pretrained: str = ""
-    """``generalist``: the shipped pre-trained base (:mod:`dressage.tiny.generalist`) instead of
-    a seeded random init; the other fields must then describe it (:func:`generalist_spec`)."""
+    """A named pre-trained base (:data:`dressage.tiny.generalist.BASES`: ``generalist`` ships,
+    ``generalist-large`` is pre-trained on first use) instead of a seeded random init; the other
+    fields must then describe it (:func:`generalist_spec`)."""
 
 
-def generalist_spec() -> TinyModelSpec:
-    """The spec of the shipped generalist base (``base=generalist`` in a ``tiny-sft:`` spec)."""
-    from dressage.tiny.generalist import GENERALIST, PretrainRecipe
+def generalist_spec(name: str = "generalist") -> TinyModelSpec:
+    """The spec of a named pre-trained base (``base=NAME`` in a ``tiny-sft:`` spec; the shipped
+    ``generalist`` by default; :data:`dressage.tiny.generalist.BASES`)."""
+    from dressage.tiny.generalist import base_recipe
 
-    return PretrainRecipe().model_spec(pretrained=GENERALIST)
+    return base_recipe(name).model_spec(pretrained=name)
 
 
-def _pretrained_dir(spec: TinyModelSpec) -> Path:
-    from dressage.tiny.generalist import GENERALIST, generalist_dir
+def build_device() -> str:
+    """Where the project's own models train when they are built: ``DRESSAGE_BUILD_DEVICE``, else
+    cuda when torch sees one, else cpu."""
+    configured = env_str("DRESSAGE_BUILD_DEVICE")
+    if configured:
+        return configured
+    import torch
 
-    if spec.pretrained != GENERALIST:
-        raise ValueError(f"pretrained={spec.pretrained!r}: the only shipped base is {GENERALIST!r}")
-    expected = generalist_spec()
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_base_spec(spec: TinyModelSpec) -> None:
+    expected = generalist_spec(spec.pretrained)
     wrong = [
         f"{name}={value!r} (the base has {getattr(expected, name)!r})"
         for name, value in asdict(spec).items()
         if value != getattr(expected, name)
     ]
     if wrong:
-        raise ValueError(f"pretrained={GENERALIST}: {', '.join(wrong)}; leave those keys out")
-    return generalist_dir()
+        raise ValueError(f"pretrained={spec.pretrained}: {', '.join(wrong)}; leave those keys out")
+
+
+def _pretrained_dir(spec: TinyModelSpec) -> Path:
+    from dressage.tiny.generalist import base_dir
+
+    _check_base_spec(spec)
+    return base_dir(spec.pretrained)
 
 
 def model_key(spec: TinyModelSpec) -> str:
-    """What names a tiny model's weights in a cache key: its cache folder's name, or for the
-    shipped base its name and the hash of its weights (a rebuilt base keys new teachers)."""
-    folder = tiny_model_dir(spec)
+    """What names a tiny model's weights in a cache key, without building it: a random init's
+    cache folder name; the shipped base's name and the hash of its weights (a rebuilt base keys
+    new teachers); a base pre-trained on first use, its name and its recipe's key."""
     if not spec.pretrained:
-        return folder.name
+        return tiny_model_dir(spec).name
+    from dressage.tiny.generalist import SHIPPED_BASES, base_build_key
+
+    _check_base_spec(spec)
+    if spec.pretrained not in SHIPPED_BASES:
+        return f"{spec.pretrained}-{base_build_key(spec.pretrained)}"
+    folder = tiny_model_dir(spec)
     digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
     return f"{spec.pretrained}-{digest}"
 
@@ -134,7 +156,7 @@ def tiny_model_dir(spec: TinyModelSpec | None = None) -> Path:
     """Folder of a tiny model plus its tokenizer, in Hugging Face layout.
 
     Raises:
-        ValueError: ``pretrained`` names no shipped base, or the spec does not describe it.
+        ValueError: ``pretrained`` names no known base, or the spec does not describe it.
     """
     spec = spec or TinyModelSpec()
     if spec.pretrained:

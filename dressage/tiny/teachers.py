@@ -8,7 +8,9 @@
 The MOPD config names one as ``tiny-sft:task=calculator[,base=generalist,steps=48,...]``
 (resolved by :func:`dressage.tiny.checkpoints.resolve_checkpoint`). Keys: ``task``; the base:
 ``base=generalist`` (the shipped pre-trained base, :mod:`dressage.tiny.generalist`: what the
-embedded default uses) or the fields of a seeded random :class:`~dressage.tiny.TinyModelSpec`
+embedded default uses), another named base (``base=generalist-large``, pre-trained on first use:
+:data:`~dressage.tiny.generalist.BASES`) or the fields of a seeded random
+:class:`~dressage.tiny.TinyModelSpec`
 (``seed``, ``vocab``, ``hidden_size``, ...); the recipe's ``steps``, ``lr``, ``warmup``,
 ``batch_size``, ``examples``, ``data_seed``. ``task=calculator+lookup`` fine-tunes on both
 (the embedded default's student).
@@ -21,7 +23,8 @@ TITO tokenizer, so the teacher is trained on exactly the contexts the proxy will
 covers the assistant's tokens only). Then ``steps`` AdamW steps of mean next-token NLL over
 masked tokens, ``batch_size`` transcripts each (the prompt prefix they share computed once:
 :mod:`dressage.shared_prefix`), the learning rate warmed up over ``warmup`` steps then
-cosine-decayed, on CPU, seeded: the same recipe gives the same weights on the same machine.
+cosine-decayed, seeded, on :func:`~dressage.tiny.model.build_device` (a GPU when there is
+one): the same recipe gives the same weights on the same machine.
 Teachers and student specialise the same base: that is what MOPD can reach on-policy (a teacher
 from another init shares no embedding geometry with the student, and the student's samples say
 little about it).
@@ -43,10 +46,16 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dressage.assets._cache import cached_build, cached_path
-from dressage.tiny.model import TinyModelSpec, generalist_spec, model_key, tiny_model_dir
+from dressage.tiny.model import (
+    TinyModelSpec,
+    build_device,
+    generalist_spec,
+    model_key,
+    tiny_model_dir,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -131,13 +140,15 @@ def parse_teacher_spec(text: str) -> TinyTeacherSpec:
     }
     base: dict[str, Any] = {}
     own: dict[str, Any] = {}
-    pretrained = False
+    pretrained = ""
     for item in filter(None, text[len(SPEC_PREFIX) :].split(",")):
         key, sep, raw = item.partition("=")
         if key == "base":
-            if raw != "generalist":
-                raise ValueError(f"{text!r}: base={raw!r}; the only named base is 'generalist'")
-            pretrained = True
+            from dressage.tiny.generalist import BASES
+
+            if raw not in BASES:
+                raise ValueError(f"{text!r}: base={raw!r}; the named bases are {sorted(BASES)}")
+            pretrained = raw
             continue
         kind = own_types.get(key) or base_types.get(key)
         if not sep or kind is None:
@@ -152,9 +163,10 @@ def parse_teacher_spec(text: str) -> TinyTeacherSpec:
         raise ValueError(f"{text!r}: a teacher needs task=... (one of calculator, lookup)")
     if pretrained and base:
         raise ValueError(
-            f"{text!r}: base=generalist fixes the model; drop {sorted(base)} from the spec"
+            f"{text!r}: base={pretrained} fixes the model; drop {sorted(base)} from the spec"
         )
-    return TinyTeacherSpec(base=generalist_spec() if pretrained else TinyModelSpec(**base), **own)
+    model = generalist_spec(pretrained) if pretrained else TinyModelSpec(**base)
+    return TinyTeacherSpec(base=model, **own)
 
 
 def _flag(text: str) -> bool:
@@ -376,15 +388,18 @@ def _build(spec: TinyTeacherSpec, base_dir: Path, out: Path) -> None:
     heldout = teacher_transcripts(
         spec.tasks, 16, seed=spec.data_seed + HELDOUT_SEED, tokenizer_dir=base_dir
     )
+    device = build_device()
     rng_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(spec.data_seed)
         model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        cast("nn.Module", model).to(torch.device(device))
         before = answer_log_prob(model, heldout)
         losses = _fine_tune(model, data, spec)
         after = answer_log_prob(model, heldout)
     finally:
         torch.random.set_rng_state(rng_state)
+    cast("nn.Module", model).to(torch.device("cpu"))
     model.save_pretrained(str(out), safe_serialization=True)
     for item in base_dir.iterdir():
         if item.is_file() and item.name.startswith(_TOKENIZER_FILES):
@@ -394,12 +409,13 @@ def _build(spec: TinyTeacherSpec, base_dir: Path, out: Path) -> None:
         "losses": losses,
         "heldout_answer_log_prob": {"base": before, "teacher": after},
         "train_tokens_per_transcript": sum(sum(t.loss_mask) for t in data) / len(data),
-        **_agent_accuracy(out, seed=spec.data_seed + HELDOUT_SEED),
+        "device": device,
+        **_agent_accuracy(out, seed=spec.data_seed + HELDOUT_SEED, device=device),
     }
     (out / "sft_report.json").write_text(json.dumps(report, indent=1))
 
 
-def _agent_accuracy(model_dir: Path, *, seed: int) -> dict[str, Any]:
+def _agent_accuracy(model_dir: Path, *, seed: int, device: str = "cpu") -> dict[str, Any]:
     """Held-out accuracy on every task through the agent loop (engine, proxy, tools, reward)."""
     from dressage.agents.evaluate import EvalItem, checkpoint_accuracy
     from dressage.agents.tasks import TASKS, make_instances
@@ -414,6 +430,7 @@ def _agent_accuracy(model_dir: Path, *, seed: int) -> dict[str, Any]:
         items,
         max_turns=AGENT_EVAL["max_turns"],
         max_tokens=AGENT_EVAL["max_tokens"],
+        device=device,
     )
     if any(measured.errors.values()):
         raise RuntimeError(f"{model_dir}: the agent loop failed: {measured.first_errors}")

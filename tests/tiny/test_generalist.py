@@ -139,20 +139,20 @@ def test_greedy_exact_is_one_only_when_every_assistant_token_is_the_argmax() -> 
 
 
 @pytest.mark.unit
-def test_the_generalist_spec_names_the_shipped_base_and_nothing_else(monkeypatch) -> None:
+def test_the_generalist_spec_names_a_known_base_and_nothing_else(monkeypatch) -> None:
     assert tiny_model_dir(generalist_spec()) == generalist_dir()
     assert model_key(generalist_spec()).startswith("generalist-")
     spec = parse_teacher_spec("tiny-sft:task=lookup,base=generalist,steps=5")
     assert spec.base == generalist_spec() and spec.steps == 5
     for bad, message in [
         ("tiny-sft:task=lookup,base=generalist,hidden_size=64", r"drop \['hidden_size'\]"),
-        ("tiny-sft:task=lookup,base=huge", "the only named base is 'generalist'"),
+        ("tiny-sft:task=lookup,base=huge", r"the named bases are \['generalist', "),
     ]:
         with pytest.raises(ValueError, match=message):
             parse_teacher_spec(bad)
     with pytest.raises(ValueError, match="hidden_size=64 \\(the base has 128\\)"):
         tiny_model_dir(TinyModelSpec(vocab="qwen3.5-tasks", pretrained="generalist"))
-    with pytest.raises(ValueError, match="the only shipped base"):
+    with pytest.raises(ValueError, match="unknown pre-trained base 'other'"):
         tiny_model_dir(TinyModelSpec(pretrained="other"))
     monkeypatch.setattr(generalist, "SHIPPED", Path("/nonexistent/generalist"))
     with pytest.raises(FileNotFoundError, match="the generalist base is missing"):
@@ -167,3 +167,66 @@ def test_aux_prompts_never_overlap_the_embedded_tasks() -> None:
         assert not aux & {i.prompt for i in make_instances(task, 500, seed=10_000)}
     names = {i.tool for task in AUX_TASKS for i in aux_instances(task, 500, seed=0)}
     assert not names & {"calculator", "lookup"}
+
+
+@pytest.mark.integration
+def test_a_base_that_does_not_ship_is_pretrained_on_first_use_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = PretrainRecipe(
+        hidden_size=32, intermediate_size=64, head_dim=8, examples=16, steps=2, batch_size=4
+    )
+    monkeypatch.setitem(generalist.BASES, "generalist-test", small)
+    monkeypatch.setenv("DRESSAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DRESSAGE_BUILD_DEVICE", "cpu")
+    spec = parse_teacher_spec("tiny-sft:task=lookup,base=generalist-test,steps=1")
+    assert spec.base == small.model_spec(pretrained="generalist-test")
+    # naming it in a cache key (what finding a teacher does) never pre-trains it
+    assert model_key(spec.base) == f"generalist-test-{generalist.base_build_key('generalist-test')}"
+    assert not (tmp_path / "bases").exists()
+    calls: list[str] = []
+    real = generalist.pretrain
+
+    def counted(recipe: PretrainRecipe, out: Path, **kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs["device"])
+        return real(recipe, out, **kwargs)
+
+    monkeypatch.setattr(generalist, "pretrain", counted)
+    folder = tiny_model_dir(spec.base)
+    assert folder.parent == tmp_path / "bases" and calls == ["cpu"]
+    assert _model(folder).config.hidden_size == 32
+    assert json.loads((folder / "report.json").read_text())["recipe"]["steps"] == 2
+    assert tiny_model_dir(spec.base) == folder and calls == ["cpu"]  # cached
+    with pytest.raises(ValueError, match="hidden_size=64 \\(the base has 32\\)"):
+        tiny_model_dir(TinyModelSpec(vocab="qwen3.5-tasks", pretrained="generalist-test"))
+
+
+@pytest.mark.unit
+def test_the_build_device_is_the_configured_one_else_cuda_when_present(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from dressage.tiny.model import build_device
+
+    monkeypatch.setenv("DRESSAGE_BUILD_DEVICE", "cuda:1")
+    assert build_device() == "cuda:1"
+    monkeypatch.delenv("DRESSAGE_BUILD_DEVICE")
+    assert build_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.unit
+def test_the_scale_config_fine_tunes_every_model_from_the_large_base() -> None:
+    from dressage.config.mopd import load_mopd_config
+    from tests.helpers import REPO
+
+    embedded = load_mopd_config(REPO / "configs/mopd/embedded.json")
+    scale = load_mopd_config(REPO / "configs/mopd/scale.json")
+    specs = scale.built_specs()
+    assert len(specs) == 3  # the student and two teachers, nothing borrowed from the demo
+    large = generalist_spec("generalist-large")
+    for spec in specs:
+        assert parse_teacher_spec(spec).base == large, spec
+    assert large.hidden_size == 2 * generalist_spec().hidden_size
+    # the same tasks, data and routing as the demo: only the models differ
+    assert [d.model_dump() for d in scale.datasets] == [d.model_dump() for d in embedded.datasets]
