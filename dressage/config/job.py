@@ -97,6 +97,10 @@ class JobOptions(BaseModel):
     """The per-token KL estimator of that term (slime's ``--kl-loss-type``)."""
     entropy_coef: float = Field(0.0, ge=0)
     """GRPO only: the weight of an entropy bonus (slime's ``--entropy-coef``)."""
+    dynamic_sampling_filter: str | None = None
+    """GRPO with partial rollout: slime's ``--dynamic-sampling-filter-path``, a dotted function
+    that keeps or drops each finished group (``dressage.rollout.filters.nonzero_reward_std``
+    drops groups whose samples all got the same reward: DAPO's dynamic sampling)."""
     mopd_advantage_clip: float | None = Field(None, gt=0)
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
     """``dense``: the reverse KL to the teacher over the whole vocabulary; embedded backend
@@ -117,7 +121,11 @@ class JobOptions(BaseModel):
     cluster: ClusterOptions = ClusterOptions()
     """The ray backend's parallelism, GPUs, W&B and further slime flags."""
 
-    GRPO_ONLY: ClassVar[tuple[str, ...]] = ("kl_loss_coef", "entropy_coef")
+    GRPO_ONLY: ClassVar[tuple[str, ...]] = (
+        "kl_loss_coef",
+        "entropy_coef",
+        "dynamic_sampling_filter",
+    )
     """Loss terms MOPD's objective has no place for (see :meth:`objective_problems`)."""
 
     def objective_problems(self, objective: str) -> list[str]:
@@ -126,10 +134,19 @@ class JobOptions(BaseModel):
             return []
         return [
             f"advanced.{name} {getattr(self, name)} is GRPO-only: MOPD's loss is the distance to "
-            "its teachers, with no KL-to-reference or entropy term"
+            "its teachers, with no reward-based filter, KL-to-reference or entropy term"
             for name in self.GRPO_ONLY
             if getattr(self, name)
         ]
+
+    @model_validator(mode="after")
+    def _filter_needs_partial_rollout(self) -> JobOptions:
+        if self.dynamic_sampling_filter and not self.partial_rollout:
+            raise ValueError(
+                f"dynamic_sampling_filter {self.dynamic_sampling_filter!r} needs partial_rollout "
+                "(the synchronous rollout generates exactly one batch of groups)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _forward_kl_needs_dense(self) -> JobOptions:

@@ -90,13 +90,15 @@ def optimizer_flags(options: JobOptions) -> list[str]:
 
 
 def grpo_loss_flags(options: JobOptions) -> list[str]:
-    """The GRPO loss's extra terms as slime's flags (the ones set)."""
+    """The GRPO loss's extra terms and its group filter as slime's flags (the ones set)."""
     flags: list[str] = []
     if options.kl_loss_coef:
         flags += ["--use-kl-loss", "--kl-loss-coef", repr(options.kl_loss_coef)]
         flags += ["--kl-loss-type", options.kl_loss_type]
     if options.entropy_coef:
         flags += ["--entropy-coef", repr(options.entropy_coef)]
+    if options.dynamic_sampling_filter:
+        flags += ["--dynamic-sampling-filter-path", options.dynamic_sampling_filter]
     return flags
 
 

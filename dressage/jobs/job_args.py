@@ -99,5 +99,6 @@ def job_args(
             "kl_loss_coef": options.kl_loss_coef,
             "kl_loss_type": options.kl_loss_type,
             "entropy_coef": options.entropy_coef,
+            "dynamic_sampling_filter_path": options.dynamic_sampling_filter,
         }
     return trainer_args(**values)

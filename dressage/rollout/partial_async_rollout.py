@@ -19,6 +19,12 @@ call. Weight updates do not stop the worker: the driver pauses the
 proxy around them (``dressage.training.train_async_with_rollout_pause``), so in-flight agent
 calls continue with the new weights and their tokens carry both versions.
 
+``--dynamic-sampling-filter-path`` (slime's DAPO dynamic sampling, e.g.
+:func:`dressage.rollout.filters.nonzero_reward_std`) is honoured after the staleness bound: a
+group the filter rejects is left out and counted (``partial_async/filtered_groups``, and per
+reason), and the call takes further groups until the batch is full; a filter that rejects
+``MAX_FILTERED_IN_A_ROW`` batches' worth of groups in a row fails the call.
+
 Every group is tagged with the weight version at its start (``metadata
 ["dressage_group_start_version"]``). Staleness bound ``--dressage-max-staleness K`` (unset: no
 bound): a group whose oldest generated token is older than ``current_version - K`` is
@@ -305,6 +311,39 @@ def _staleness(
     return True
 
 
+MAX_FILTERED_IN_A_ROW = 20
+"""Groups a dynamic sampling filter may reject in a row, in rollout batches, before the call
+fails instead of waiting forever."""
+KeepGroup = Callable[["_Worker", FinishedGroup, int, dict[str, float]], bool]
+
+
+def _dynamic_filter(args: Any) -> KeepGroup:
+    """slime's ``--dynamic-sampling-filter-path`` as a keep/drop decision per finished group
+    (dropped groups are counted per reason; nothing is requeued, as in slime)."""
+    path = getattr(args, "dynamic_sampling_filter_path", None)
+    if not path:
+        return lambda worker, group, kept, metrics: True
+    fn = load_function(path)
+
+    def keep(worker: _Worker, group: FinishedGroup, kept: int, metrics: dict[str, float]) -> bool:
+        out = fn(args, group.samples)
+        if isinstance(out, bool):
+            return out
+        if out.keep:
+            return True
+        # slime keeps a rejected group when dropping it would leave too few to fill the batch;
+        # here the worker refills, so "too few" is: kept + finished + generating < batch
+        if getattr(out, "keep_when_insufficient", False):
+            if kept + worker.finished.qsize() + worker.in_flight < worker.batch:
+                return True
+        metrics["filtered_groups"] = metrics.get("filtered_groups", 0.0) + 1
+        reason = f"filtered/{out.reason or 'rejected'}"
+        metrics[reason] = metrics.get(reason, 0.0) + 1
+        return False
+
+    return keep
+
+
 def generate_rollout_partial_async(
     args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
@@ -319,10 +358,23 @@ def generate_rollout_partial_async(
     current = worker.current_version()
     metrics: dict[str, float] = {}
     kept: list[FinishedGroup] = []
+    keep = _dynamic_filter(args)
+    rejected_in_a_row = 0
     while len(kept) < worker.batch:
         group = worker.take()
-        if _staleness(worker, group, current, metrics):
+        if not _staleness(worker, group, current, metrics):
+            continue
+        if keep(worker, group, len(kept), metrics):
             kept.append(group)
+            rejected_in_a_row = 0
+            continue
+        rejected_in_a_row += 1
+        if rejected_in_a_row >= MAX_FILTERED_IN_A_ROW * worker.batch:
+            raise RuntimeError(
+                f"partial-async rollout: --dynamic-sampling-filter-path "
+                f"{args.dynamic_sampling_filter_path} rejected {rejected_in_a_row} groups in a "
+                "row, so no batch can be formed (does every group get the same reward?)"
+            )
     partial = sum(
         bool(s.metadata.get("dressage_partial_rollout")) for g in kept for s in leaves(g.samples)
     )
@@ -337,7 +389,9 @@ def generate_rollout_partial_async(
         "partial_async/staleness_max": metrics.get("staleness_max", 0.0),
         "partial_async/staleness_mean": metrics.get("staleness_sum", 0.0) / len(kept),
         "partial_async/partial_rollout_samples": float(partial),
+        "partial_async/filtered_groups": metrics.get("filtered_groups", 0.0),
     }
+    out |= {f"partial_async/{k}": v for k, v in metrics.items() if k.startswith("filtered/")}
     for group in kept:
         _check_siblings(group.samples)
     return RolloutFnTrainOutput(samples=[g.samples for g in kept], metrics=out)

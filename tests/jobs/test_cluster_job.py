@@ -124,8 +124,13 @@ def test_the_partial_rollout_bounds_reach_the_grpo_driver(tmp_path: Path) -> Non
     assert _value(plan.argv, "--dressage-async-max-groups-ahead") == "32"
 
 
-def test_grpos_kl_and_entropy_terms_reach_slime(tmp_path: Path) -> None:
-    plan = _plan(_run(tmp_path, objective="grpo", kl_loss_coef=0.05, entropy_coef=0.001))
+def test_grpos_kl_and_entropy_terms_and_group_filter_reach_slime(tmp_path: Path) -> None:
+    filter_path = "dressage.rollout.filters.nonzero_reward_std"
+    plan = _plan(
+        _run(tmp_path, objective="grpo", kl_loss_coef=0.05, entropy_coef=0.001,
+             dynamic_sampling_filter=filter_path)
+    )  # fmt: skip
+    assert _value(plan.argv, "--dynamic-sampling-filter-path") == filter_path
     assert "--use-kl-loss" in plan.argv
     assert _value(plan.argv, "--kl-loss-coef") == "0.05"
     assert _value(plan.argv, "--kl-loss-type") == "low_var_kl"

@@ -79,3 +79,15 @@ class ListDataSource:
         assert all(len(g) == self.n for g in samples)
         self.requeued += copy.deepcopy(samples)
         self.buffer += samples
+
+
+async def reward_odd_groups_vary(args: Any, sample: Any) -> Any:
+    """Rewards that differ only inside odd groups (even groups: all 0, zero spread)."""
+    if isinstance(sample, list):
+        return [float(s.group_index % 2 * (s.index % 2)) for s in sample]
+    return float(sample.group_index % 2 * (sample.index % 2))
+
+
+def reject_every_group(args: Any, group: list[Sample]) -> bool:
+    """A filter in slime's legacy form (a bare bool) that never keeps anything."""
+    return False

@@ -147,3 +147,50 @@ def test_a_failing_agent_surfaces_in_the_next_call() -> None:
     with pytest.raises(RuntimeError, match="agent of sample 3 crashed"):
         for rid in range(5):
             _rollout(args, rid, source)
+
+
+def test_a_dynamic_sampling_filter_keeps_only_groups_whose_rewards_differ() -> None:
+    source = hooks.ListDataSource()
+    args = _args(
+        custom_rm_path=f"{HOOKS}.reward_odd_groups_vary",
+        dynamic_sampling_filter_path="dressage.rollout.filters.nonzero_reward_std",
+        dressage_async_max_groups_ahead=4,
+    )
+    for rid in range(3):
+        out = _rollout(args, rid, source)
+        assert len(out.samples) == 2
+        for group in out.samples:
+            assert group[0].group_index % 2 == 1, "a zero-spread group reached training"
+            assert sorted(s.reward for s in group) == [0.0, 1.0]
+        assert out.metrics is not None
+        assert out.metrics["partial_async/filtered_groups"] >= 1
+        assert (
+            out.metrics["partial_async/filtered/zero_std_0.0"]
+            == (out.metrics["partial_async/filtered_groups"])
+        )
+
+
+def test_a_filter_that_rejects_everything_fails_the_call_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(par, "MAX_FILTERED_IN_A_ROW", 2)
+    args = _args(dynamic_sampling_filter_path=f"{HOOKS}.reject_every_group")
+    with pytest.raises(RuntimeError, match=r"reject_every_group rejected 4 groups in a row"):
+        _rollout(args, 0, hooks.ListDataSource())
+
+
+def test_a_fallback_filter_keeps_a_rejected_group_only_when_the_batch_would_run_short() -> None:
+    import queue
+
+    args = _args(
+        dynamic_sampling_filter_path="dressage.rollout.filters.nonzero_reward_std_with_fallback"
+    )
+    keep = par._dynamic_filter(args)
+    flat = [Sample(prompt="p", reward=0.0), Sample(prompt="p", reward=0.0)]
+    group = par.FinishedGroup(flat, [], 0, 0.0, 0.0)
+    worker = SimpleNamespace(batch=4, in_flight=0, finished=queue.Queue())
+    metrics: dict[str, float] = {}
+    assert keep(worker, group, 3, metrics)  # nothing else is coming: kept
+    worker.in_flight = 1
+    assert not keep(worker, group, 3, metrics)  # one more is generating: dropped
+    assert metrics == {"filtered_groups": 1.0, "filtered/zero_std_0.0": 1.0}
