@@ -14,10 +14,13 @@ config's 16 held-out calculator rows and 30% of the benchmark's 64 (inside the i
 at least 0.3 (absolute). The last line is the verdict as JSON.
 
 The recipe: 30 steps of 8 prompts x 8 samples at temperature 0.7, learning rate 1e-4, at most
-two steps of groups ahead of training. At 1e-3 the policy fell apart within 10 steps (entropy
-0.5 -> 2.9 at temperature 1, reward to 0). Not met yet: 3 seeds gain +0.20 to +0.23 in 196 s on
-2 cores; longer runs, other learning rates, temperatures and group shapes did no better
-(bench/results/mopd_recipe/README.md, findings 14 and 15).
+two steps of groups ahead of training, and DAPO's dynamic sampling (``--filter``, default
+``dressage.rollout.filters.nonzero_reward_std``): a group whose 8 samples all got the same reward
+has advantage 0, so it is left out and the step waits for one that teaches something. At 1e-3
+the policy fell apart within 10 steps (entropy 0.5 -> 2.9 at temperature 1, reward to 0). Not
+met yet: 3 seeds gain +0.22 to +0.27 in 245 s on 2 cores (+0.20 to +0.23 without the filter);
+longer runs, other learning rates, temperatures, group shapes and a KL term to the starting
+policy did no better (bench/results/mopd_recipe/README.md, findings 14 to 16).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ EMBEDDED = ROOT / "configs/mopd/embedded.json"
 TASK = "calculator"
 GAIN = 0.3
 HELDOUT_SEED = 9001
+FILTER = "dressage.rollout.filters.nonzero_reward_std"
 STUDENT = (
     "tiny-sft:task=calculator,base=generalist,steps=18,batch_size=8,lr=3e-3,warmup=1,examples=512"
 )
@@ -97,6 +101,7 @@ def run_one(
             "temperature": args.temperature,
             "max_groups_ahead": 2 * args.prompts,  # two steps' groups, as max_staleness 2
             "lr_decay_style": args.lr_decay,
+            "dynamic_sampling_filter": None if args.filter == "none" else args.filter,
         },
     )
     records = read_metrics(result.folder / "output" / "metrics.jsonl")
@@ -110,7 +115,10 @@ def run_one(
             for r in records
             if f"eval/accuracy/{TASK}" in r["metrics"]
         ],
-        "reward_curve": [  # the sampled reward of each step's samples
+        "filtered_groups": sum(
+            r["metrics"].get("partial_async/filtered_groups", 0.0) for r in records
+        ),
+        "reward_curve": [  # the sampled reward of each step's (kept) samples
             round(r["metrics"]["rollout/raw_reward"], 4)
             for r in records
             if "rollout/raw_reward" in r["metrics"]
@@ -133,6 +141,11 @@ def main() -> int:
     parser.add_argument("--student", default=STUDENT, help="checkpoint spec or path")
     parser.add_argument(
         "--heldout", type=int, default=64, help="fresh held-out rows (0: the config's 16)"
+    )
+    parser.add_argument(
+        "--filter",
+        default=FILTER,
+        help="the dynamic sampling filter (a dotted path), or 'none' to train on every group",
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--parallel", type=int, default=3, help="runs at once")
@@ -172,6 +185,7 @@ def main() -> int:
         "lr_decay_style": args.lr_decay,
         "partial_rollout": True,
         "temperature": args.temperature,
+        "dynamic_sampling_filter": args.filter,
         "student": spec,
         "heldout_rows": args.heldout or "config",
         "device": args.device,
