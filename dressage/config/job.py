@@ -98,7 +98,7 @@ class JobOptions(BaseModel):
     entropy_coef: float = Field(0.0, ge=0)
     """GRPO only: the weight of an entropy bonus (slime's ``--entropy-coef``)."""
     dynamic_sampling_filter: str | None = None
-    """GRPO with partial rollout: slime's ``--dynamic-sampling-filter-path``, a dotted function
+    """GRPO only: slime's ``--dynamic-sampling-filter-path``, a dotted function
     that keeps or drops each finished group (``dressage.rollout.filters.nonzero_reward_std``
     drops groups whose samples all got the same reward: DAPO's dynamic sampling)."""
     mopd_advantage_clip: float | None = Field(None, gt=0)
@@ -138,15 +138,6 @@ class JobOptions(BaseModel):
             for name in self.GRPO_ONLY
             if getattr(self, name)
         ]
-
-    @model_validator(mode="after")
-    def _filter_needs_partial_rollout(self) -> JobOptions:
-        if self.dynamic_sampling_filter and not self.partial_rollout:
-            raise ValueError(
-                f"dynamic_sampling_filter {self.dynamic_sampling_filter!r} needs partial_rollout "
-                "(the synchronous rollout generates exactly one batch of groups)"
-            )
-        return self
 
     @model_validator(mode="after")
     def _forward_kl_needs_dense(self) -> JobOptions:

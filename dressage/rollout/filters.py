@@ -34,8 +34,10 @@ class DynamicFilterOutput:
 
 
 def _anchor(item: Sample | list[Sample]) -> Sample:
-    """The sample that carries a trajectory's reward (a split trajectory's first segment)."""
-    return item[0] if isinstance(item, list) else item
+    """The sample that carries a trajectory's reward: a split trajectory's last segment (its
+    siblings hold a 0.0 placeholder until reward post-processing broadcasts the anchor's;
+    :mod:`dressage.rollout.multi_segment`)."""
+    return item[-1] if isinstance(item, list) else item
 
 
 def group_rewards(args: Any, group: GroupResult) -> list[float]:

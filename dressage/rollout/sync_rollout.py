@@ -9,9 +9,11 @@ sample's custom generate, then the reward hook; docs/slime.md §2), all groups a
 most ``args.sglang_server_concurrency`` (slime's default 512) generating at a time. The run
 names its hooks as slime does: ``--custom-generate-function-path`` (for agents:
 ``dressage.rollout.generate.blackbox_dispatch.generate``) and ``--custom-rm-path``
-(``dressage.reward.custom_rm.custom_rm``). Nothing is filtered, buffered or resumed: this is the
-plain synchronous recipe; partial and asynchronous rollouts plug in at the same seam
-(``dressage.rollout.partial_async_rollout``).
+(``dressage.reward.custom_rm.custom_rm``). Nothing is buffered or resumed: this is the plain
+synchronous recipe; partial and asynchronous rollouts plug in at the same seam
+(``dressage.rollout.partial_async_rollout``). slime's ``--dynamic-sampling-filter-path`` (DAPO,
+e.g. :func:`dressage.rollout.filters.nonzero_reward_std`) is honoured: rejected groups are left
+out and fresh prompts generated in their place until the batch is full.
 
 Training returns ``RolloutFnTrainOutput(samples=groups, metrics)``: per group one entry per
 prompt copy, a ``Sample`` or a list of sibling samples (a multi-segment trajectory). Evaluation
@@ -28,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from dressage.rollout.group_generation import GroupResult, generate_group, sampling_params_from_args
+from dressage.slime.hooks import load_function
 from dressage.slime.sample_meta import DATASET
 from dressage.types import RolloutFnEvalOutput, RolloutFnTrainOutput, Sample
 
@@ -99,4 +102,50 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     }
     if evaluation:
         return RolloutFnEvalOutput(data=_eval_output(results), metrics=metrics)
+    path = getattr(args, "dynamic_sampling_filter_path", None)
+    if path:
+        results = _refill(args, data_source, results, batch, load_function(path), metrics)
+        metrics["perf/rollout_generate_time"] = time.perf_counter() - start
     return RolloutFnTrainOutput(samples=results, metrics=metrics)
+
+
+MAX_FILTERED_ROUNDS = 20
+"""Rounds of regeneration a dynamic sampling filter may force before the call fails."""
+
+
+def _refill(
+    args: Any,
+    data_source: Any,
+    results: list[GroupResult],
+    batch: int,
+    keep: Any,
+    metrics: dict[str, float],
+) -> list[GroupResult]:
+    """slime's dynamic sampling on one synchronous batch: groups the filter rejects are left
+    out and as many fresh prompts generated again, round after round, until ``batch`` are kept.
+    A rejected group marked ``keep_when_insufficient`` is kept when the round's remaining
+    groups could not fill the batch without it (no round is started for it, as in slime)."""
+    kept: list[GroupResult] = []
+    for round_ in range(MAX_FILTERED_ROUNDS + 1):
+        for k, group in enumerate(results):
+            out = keep(args, group)
+            verdict = out if isinstance(out, bool) else bool(out.keep)
+            short = len(kept) + len(results) - k - 1 < batch
+            if verdict or (getattr(out, "keep_when_insufficient", False) and short):
+                kept.append(group)
+                continue
+            reason = f"rollout/filtered/{getattr(out, 'reason', None) or 'rejected'}"
+            metrics[reason] = metrics.get(reason, 0.0) + 1
+            metrics["rollout/filtered_groups"] = metrics.get("rollout/filtered_groups", 0.0) + 1
+        if len(kept) >= batch:
+            return kept[:batch]
+        if round_ == MAX_FILTERED_ROUNDS:
+            break
+        more = data_source.get_samples(batch - len(kept))
+        metrics["rollout/prompts"] += len(more)
+        results = run_coroutine(_generate_groups(args, more, False))
+    raise RuntimeError(
+        f"sync rollout: --dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} left "
+        f"{len(kept)} of {batch} groups after {MAX_FILTERED_ROUNDS} rounds of regeneration (does "
+        "every group get the same reward?)"
+    )

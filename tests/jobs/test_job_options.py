@@ -101,13 +101,9 @@ def test_an_unknown_kl_estimator_is_refused() -> None:
         JobOptions.model_validate({"kl_loss_coef": 0.1, "kl_loss_type": "k4"})
 
 
-def test_a_dynamic_sampling_filter_reaches_the_rollout_and_needs_partial_rollout(
-    tmp_path: Path,
-) -> None:
+def test_a_dynamic_sampling_filter_reaches_the_rollout_and_is_grpo_only(tmp_path: Path) -> None:
     path = "dressage.rollout.filters.nonzero_reward_std"
     run = _run(tmp_path, dynamic_sampling_filter=path).model_copy(update={"objective": "grpo"})
     args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
     assert args.dynamic_sampling_filter_path == path
-    with pytest.raises(ValueError, match="dynamic_sampling_filter .* needs partial_rollout"):
-        JobOptions.model_validate({"dynamic_sampling_filter": path, "partial_rollout": False})
     assert JobOptions.model_validate({"dynamic_sampling_filter": path}).objective_problems("mopd")

@@ -30,10 +30,11 @@ def test_a_group_with_equal_rewards_is_dropped_with_the_reward_as_reason() -> No
 
 def test_a_split_trajectory_counts_once_by_its_anchors_reward() -> None:
     args = SimpleNamespace(reward_key=None)
-    # the second trajectory split into two segments; its anchor carries reward 1
-    group = [_sample(0.0), [_sample(1.0), _sample(None)]]
+    # the second trajectory split into two segments: the last (the anchor) carries its
+    # reward, the first a 0.0 placeholder
+    group = [_sample(0.0), [_sample(0.0), _sample(1.0)]]
     assert nonzero_reward_std(args, group).keep
-    assert not nonzero_reward_std(args, [_sample(1.0), [_sample(1.0), _sample(None)]]).keep
+    assert not nonzero_reward_std(args, [_sample(1.0), [_sample(0.0), _sample(1.0)]]).keep
 
 
 def test_the_reward_key_picks_the_value_and_the_fallback_marks_the_output() -> None:
