@@ -38,6 +38,7 @@ def _args(**overrides: Any) -> SimpleNamespace:
         "custom_rm_path": f"{HOOKS}.reward",
         "dressage_version_source_path": f"{HOOKS}.version",
         "rollout_temperature": 1.0,
+        "reward_key": None,  # slime's parser always sets it; its Sample reads it
     }
     values.update(overrides)
     return SimpleNamespace(**values)
