@@ -126,7 +126,8 @@ class JobOptions(BaseModel):
         "entropy_coef",
         "dynamic_sampling_filter",
     )
-    """Loss terms MOPD's objective has no place for (see :meth:`objective_problems`)."""
+    """Options MOPD's objective has no place for: a KL-to-reference or entropy term, a reward
+    filter (see :meth:`objective_problems`)."""
 
     def objective_problems(self, objective: str) -> list[str]:
         """Options set here that the run's ``objective`` refuses (MOPD: the GRPO-only terms)."""

@@ -6,21 +6,29 @@ slime's contract (``--dynamic-sampling-filter-path``): ``fn(args, group)`` retur
 :class:`DynamicFilterOutput` (or a bool); a group not kept is left out of the batch and the
 rollout takes further groups until ``rollout_batch_size`` are kept. A GRPO group whose samples all
 got the same reward has advantage 0 everywhere: it costs a training forward and backward and
-moves nothing, and it dilutes the step's gradient. The partial-async rollout honours the flag
-(:mod:`dressage.rollout.partial_async_rollout`); slime's own filters work on groups of single
-samples, this one also on trajectories that split into segments (the anchor carries the reward).
+moves nothing, and it dilutes the step's gradient. Both dressage rollouts honour the flag
+through :func:`filter_verdict` (:mod:`dressage.rollout.partial_async_rollout`,
+:mod:`dressage.rollout.sync_rollout`); slime's own filters work on groups of single samples,
+this one also on trajectories that split into segments (the anchor carries the reward).
 """
 
 from __future__ import annotations
 
-import math
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from dressage.rollout.group_generation import GroupResult
 from dressage.types import Sample
 
-__all__ = ["DynamicFilterOutput", "nonzero_reward_std", "nonzero_reward_std_with_fallback"]
+__all__ = [
+    "DynamicFilterOutput",
+    "filter_verdict",
+    "group_rewards",
+    "nonzero_reward_std",
+    "nonzero_reward_std_with_fallback",
+]
 
 
 @dataclass
@@ -48,9 +56,7 @@ def group_rewards(args: Any, group: GroupResult) -> list[float]:
 def nonzero_reward_std(args: Any, group: GroupResult, **_: Any) -> DynamicFilterOutput:
     """Keep a group only when its trajectories' rewards differ."""
     rewards = group_rewards(args, group)
-    mean = sum(rewards) / len(rewards)
-    spread = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    keep = spread > 1e-6
+    keep = statistics.pstdev(rewards) > 1e-6
     return DynamicFilterOutput(keep=keep, reason=None if keep else f"zero_std_{rewards[0]:.1f}")
 
 
@@ -62,3 +68,27 @@ def nonzero_reward_std_with_fallback(
     out = nonzero_reward_std(args, group, **kwargs)
     out.keep_when_insufficient = True
     return out
+
+
+def filter_verdict(
+    fn: Callable[..., Any],
+    args: Any,
+    group: GroupResult,
+    *,
+    short: bool,
+    metrics: dict[str, float],
+    prefix: str = "",
+) -> bool:
+    """Whether the filter ``fn`` keeps ``group``, as slime's rollout decides it: a bool is
+    slime's legacy result; a rejected group marked ``keep_when_insufficient`` is kept when
+    ``short`` (without it the batch could not be filled from the groups at hand). A dropped group
+    is counted in ``metrics`` under ``<prefix>filtered_groups`` and
+    ``<prefix>filtered/<reason>``."""
+    out = fn(args, group)  # slime wraps anything but its output type as keep=bool(out)
+    keep = bool(getattr(out, "keep", out))
+    reason = getattr(out, "reason", None)
+    if keep or (getattr(out, "keep_when_insufficient", False) and short):
+        return True
+    for key in (f"{prefix}filtered_groups", f"{prefix}filtered/{reason or 'rejected'}"):
+        metrics[key] = metrics.get(key, 0.0) + 1
+    return False

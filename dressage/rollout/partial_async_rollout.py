@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.config.env import env_str
+from dressage.rollout.filters import filter_verdict
 from dressage.rollout.group_generation import (
     GroupResult,
     generate_group,
@@ -326,20 +327,10 @@ def _dynamic_filter(args: Any) -> KeepGroup:
     fn = load_function(path)
 
     def keep(worker: _Worker, group: FinishedGroup, kept: int, metrics: dict[str, float]) -> bool:
-        out = fn(args, group.samples)
-        if isinstance(out, bool):
-            return out
-        if out.keep:
-            return True
-        # slime keeps a rejected group when dropping it would leave too few to fill the batch;
-        # here the worker refills, so "too few" is: kept + finished + generating < batch
-        if getattr(out, "keep_when_insufficient", False):
-            if kept + worker.finished.qsize() + worker.in_flight < worker.batch:
-                return True
-        metrics["filtered_groups"] = metrics.get("filtered_groups", 0.0) + 1
-        reason = f"filtered/{out.reason or 'rejected'}"
-        metrics[reason] = metrics.get(reason, 0.0) + 1
-        return False
+        # the worker refills, so the batch runs short only when kept + finished + generating
+        # cannot fill it
+        short = kept + worker.finished.qsize() + worker.in_flight < worker.batch
+        return filter_verdict(fn, args, group.samples, short=short, metrics=metrics)
 
     return keep
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from dressage.rollout.filters import filter_verdict
 from dressage.rollout.group_generation import GroupResult, generate_group, sampling_params_from_args
 from dressage.slime.hooks import load_function
 from dressage.slime.sample_meta import DATASET
@@ -118,7 +119,7 @@ def _refill(
     data_source: Any,
     results: list[GroupResult],
     batch: int,
-    keep: Any,
+    keep: Callable[..., Any],
     metrics: dict[str, float],
 ) -> list[GroupResult]:
     """slime's dynamic sampling on one synchronous batch: groups the filter rejects are left
@@ -128,15 +129,9 @@ def _refill(
     kept: list[GroupResult] = []
     for round_ in range(MAX_FILTERED_ROUNDS + 1):
         for k, group in enumerate(results):
-            out = keep(args, group)
-            verdict = out if isinstance(out, bool) else bool(out.keep)
             short = len(kept) + len(results) - k - 1 < batch
-            if verdict or (getattr(out, "keep_when_insufficient", False) and short):
+            if filter_verdict(keep, args, group, short=short, metrics=metrics, prefix="rollout/"):
                 kept.append(group)
-                continue
-            reason = f"rollout/filtered/{getattr(out, 'reason', None) or 'rejected'}"
-            metrics[reason] = metrics.get(reason, 0.0) + 1
-            metrics["rollout/filtered_groups"] = metrics.get("rollout/filtered_groups", 0.0) + 1
         if len(kept) >= batch:
             return kept[:batch]
         if round_ == MAX_FILTERED_ROUNDS:

@@ -5,7 +5,6 @@ partial-async rollout: zero-spread groups never reach training, the batch stays 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
 
@@ -25,16 +24,9 @@ def clean() -> Iterator[None]:
 
 
 def test_slimes_filter_drops_zero_spread_groups_from_the_partial_async_rollout() -> None:
-    args = SimpleNamespace(
-        rollout_batch_size=2,
-        n_samples_per_prompt=2,
-        dressage_async_groups_in_flight=6,
+    args = hooks.rollout_args(
         dressage_async_max_groups_ahead=4,
-        custom_generate_function_path=f"{HOOKS}.generate",
         custom_rm_path=f"{HOOKS}.reward_odd_groups_vary",
-        dressage_version_source_path=f"{HOOKS}.version",
-        rollout_temperature=1.0,
-        reward_key=None,
         dynamic_sampling_filter_path=SLIME_FILTER,
     )
     source = hooks.ListDataSource()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 from dressage.slime.sample_meta import record_written, version_metadata
@@ -91,3 +92,20 @@ async def reward_odd_groups_vary(args: Any, sample: Any) -> Any:
 def reject_every_group(args: Any, group: list[Sample]) -> bool:
     """A filter in slime's legacy form (a bare bool) that never keeps anything."""
     return False
+
+
+def rollout_args(**overrides: Any) -> SimpleNamespace:
+    """slime's ``args`` for a rollout over these hooks: batches of 2 groups of 2 samples."""
+    hooks = __name__
+    values: dict[str, Any] = {
+        "rollout_batch_size": 2,
+        "n_samples_per_prompt": 2,
+        "dressage_async_groups_in_flight": 6,
+        "custom_generate_function_path": f"{hooks}.generate",
+        "custom_rm_path": f"{hooks}.reward",
+        "dressage_version_source_path": f"{hooks}.version",
+        "rollout_temperature": 1.0,
+        "reward_key": None,  # slime's parser always sets it; its Sample reads it
+    }
+    values.update(overrides)
+    return SimpleNamespace(**values)

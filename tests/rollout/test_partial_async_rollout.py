@@ -30,18 +30,7 @@ def clean() -> Iterator[None]:
 
 
 def _args(**overrides: Any) -> SimpleNamespace:
-    values: dict[str, Any] = {
-        "rollout_batch_size": 2,
-        "n_samples_per_prompt": 2,
-        "dressage_async_groups_in_flight": 6,
-        "custom_generate_function_path": f"{HOOKS}.generate",
-        "custom_rm_path": f"{HOOKS}.reward",
-        "dressage_version_source_path": f"{HOOKS}.version",
-        "rollout_temperature": 1.0,
-        "reward_key": None,  # slime's parser always sets it; its Sample reads it
-    }
-    values.update(overrides)
-    return SimpleNamespace(**values)
+    return hooks.rollout_args(**overrides)
 
 
 def _rollout(args: Any, rid: int, source: Any) -> RolloutFnTrainOutput:

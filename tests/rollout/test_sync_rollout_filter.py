@@ -19,14 +19,8 @@ HOOKS = "tests.rollout.partial_async_hooks"
 
 
 def _args(filter_path: str) -> SimpleNamespace:
-    return SimpleNamespace(
-        rollout_batch_size=2,
-        n_samples_per_prompt=2,
-        custom_generate_function_path=f"{HOOKS}.generate",
-        custom_rm_path=f"{HOOKS}.reward_odd_groups_vary",
-        rollout_temperature=1.0,
-        reward_key=None,
-        dynamic_sampling_filter_path=filter_path,
+    return hooks.rollout_args(
+        custom_rm_path=f"{HOOKS}.reward_odd_groups_vary", dynamic_sampling_filter_path=filter_path
     )
 
 
