@@ -119,10 +119,22 @@ def test_async_training_with_partial_rollout_end_to_end(
 
     # Each step trained on a full batch of groups carried through the background worker.
     assert [b.rollout_id for b, _ in trained] == list(range(NUM_ROLLOUT))
+    moved = 0
     for batch, metrics in trained:
         assert len({s.group_index for s in batch.samples}) == 2
-        assert metrics["train/num_steps"] == 1 and metrics["train/grad_norm"] > 0
+        assert metrics["train/num_steps"] == 1
+        # GRPO's gradient is zero exactly when every group's samples tied on reward (the even-
+        # token share of two 64-token answers ties now and then); otherwise the step moved
+        rewards: dict[int, set[float]] = {}
+        for sample in batch.samples:
+            rewards.setdefault(sample.group_index, set()).add(float(sample.reward))
+        if any(len(group) > 1 for group in rewards.values()):
+            assert metrics["train/grad_norm"] > 0, (rewards, metrics)
+            moved += 1
+        else:
+            assert metrics["train/grad_norm"] == 0, (rewards, metrics)
         assert batch.metrics["partial_async/groups_started"] >= 2 * (batch.rollout_id + 1)
         for sample in batch.samples:
             start = sample.metadata["dressage_group_start_version"]
             assert start <= min(int(v) for v in sample.weight_versions)
+    assert moved, "some group's rewards differed, and its step moved the weights"
