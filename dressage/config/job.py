@@ -73,6 +73,11 @@ class JobOptions(BaseModel):
     lr_warmup_iters: int = Field(0, ge=0)
     n_samples_per_prompt: int = Field(4, ge=1)
     """GRPO only (MOPD takes one sample per prompt)."""
+    num_steps_per_rollout: int = Field(1, ge=1)
+    """GRPO only: optimizer steps on each rollout's samples (slime's
+    ``--num-steps-per-rollout``): the batch of prompts x samples per prompt is split into this
+    many equal optimizer batches, trained one after another; the policy loss's clipped ratio
+    keeps the later steps near the policy that sampled them."""
     max_response_len: int = Field(128, ge=1)
     """Tokens per model call of an agent (``--rollout-max-response-len``)."""
     temperature: float = Field(1.0, gt=0)
@@ -133,12 +138,19 @@ class JobOptions(BaseModel):
         """Options set here that the run's ``objective`` refuses (MOPD: the GRPO-only terms)."""
         if objective != "mopd":
             return []
-        return [
+        problems = [
             f"advanced.{name} {getattr(self, name)} is GRPO-only: MOPD's loss is the distance to "
             "its teachers, with no reward-based filter, KL-to-reference or entropy term"
             for name in self.GRPO_ONLY
             if getattr(self, name)
         ]
+        if self.num_steps_per_rollout != 1:
+            problems.append(
+                f"advanced.num_steps_per_rollout {self.num_steps_per_rollout} is GRPO-only: a "
+                "MOPD rollout trains in one optimizer step (its slime launcher checks "
+                "--global-batch-size against --rollout-batch-size)"
+            )
+        return problems
 
     @model_validator(mode="after")
     def _forward_kl_needs_dense(self) -> JobOptions:

@@ -122,6 +122,7 @@ def cluster_plan(
     temperature: float,
     n_samples_per_prompt: int,
     partial_rollout: bool,
+    num_steps_per_rollout: int = 1,
     mopd_advantage_clip: float | None,
     host: str,
     environ: Mapping[str, str],
@@ -169,7 +170,9 @@ def cluster_plan(
     argv += layout_flags(cluster)
     argv += ["--num-rollout", str(run.num_steps), "--update-weights-interval", "1"]
     argv += ["--rollout-batch-size", str(rbs), "--n-samples-per-prompt", str(n)]
-    argv += ["--global-batch-size", str(rbs * n)]
+    argv += ["--global-batch-size", str(rbs * n // num_steps_per_rollout)]
+    if num_steps_per_rollout != 1:  # slime checks the two agree
+        argv += ["--num-steps-per-rollout", str(num_steps_per_rollout)]
     argv += ["--rollout-max-response-len", str(max_response_len)]
     argv += ["--rollout-temperature", str(temperature)]
     argv += ["--seed", str(run.seed), "--rollout-seed", str(run.seed)]

@@ -10,7 +10,8 @@ the hooks), so one :func:`job_args` builds them all from a :class:`TrainRunConfi
 The objective picks the hooks: ``mopd`` uses the MOPD advantage, loss, converter and reward
 post-processing (``dressage.config.mopd.MOPD_HOOKS``) with one sample per prompt; ``grpo`` uses
 slime's GRPO estimator and policy loss with ``n_samples_per_prompt`` samples per prompt. One
-optimizer step per rollout (``global_batch_size`` = prompts x samples per prompt).
+optimizer step per rollout (``global_batch_size`` = prompts x samples per prompt) unless
+``num_steps_per_rollout`` splits it, as slime's flag of that name does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dressage.config.run import TrainRunConfig
 from dressage.jobs.cluster import PARTIAL_ASYNC_ROLLOUT
 from dressage.training.embedded import trainer_args
 
-__all__ = ["job_args"]
+__all__ = ["job_args", "optimizer_batch_size"]
 
 SYNC_ROLLOUT = "dressage.rollout.sync_rollout.generate_rollout"
 
@@ -44,7 +45,7 @@ def job_args(
         "lr_decay_style": options.lr_decay_style,
         "min_lr": options.min_lr,
         "lr_warmup_iters": options.lr_warmup_iters,
-        "global_batch_size": run.rollout_batch_size * n,
+        "global_batch_size": optimizer_batch_size(run, options),
         "use_dynamic_batch_size": options.max_tokens_per_gpu is not None,
         "max_tokens_per_gpu": options.max_tokens_per_gpu,
         "rollout_temperature": options.temperature,
@@ -102,3 +103,18 @@ def job_args(
             "dynamic_sampling_filter_path": options.dynamic_sampling_filter,
         }
     return trainer_args(**values)
+
+
+def optimizer_batch_size(run: TrainRunConfig, options: JobOptions) -> int:
+    """slime's ``global_batch_size``: a rollout's samples (prompts x samples per prompt; MOPD
+    takes one) over ``num_steps_per_rollout``; a ValueError when it does not divide them."""
+    samples = run.rollout_batch_size * (
+        1 if run.objective == "mopd" else options.n_samples_per_prompt
+    )
+    steps = options.num_steps_per_rollout
+    if samples % steps:
+        raise ValueError(
+            f"advanced.num_steps_per_rollout {steps} does not divide a rollout's {samples} "
+            "samples (prompts per step x samples per prompt) into equal optimizer batches"
+        )
+    return samples // steps

@@ -42,7 +42,7 @@ from dressage.config.mopd import (
     load_mopd_config,
 )
 from dressage.config.run import TrainRunConfig
-from dressage.jobs.job_args import job_args
+from dressage.jobs.job_args import job_args, optimizer_batch_size
 from dressage.jobs.outputs import RunOutputs
 from dressage.reporting.metrics import HELDOUT_KL_PREFIX as HELDOUT_KL
 from dressage.slime.periodic import periodic_action
@@ -69,6 +69,10 @@ def _load(path: Path) -> tuple[TrainRunConfig, JobOptions]:
         )
     for problem in options.objective_problems(run.objective):
         raise JobConfigError(f"run config {path}: {problem}")
+    try:
+        optimizer_batch_size(run, options)
+    except ValueError as exc:
+        raise JobConfigError(f"run config {path}: {exc}") from None
     if run.backend == "ray" and options.mopd_objective == "dense":
         raise JobConfigError(
             f"run config {path}: advanced.mopd_objective 'dense' is embedded-only for now "
@@ -106,6 +110,7 @@ def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
             temperature=options.temperature,
             n_samples_per_prompt=options.n_samples_per_prompt,
             partial_rollout=options.partial_rollout,
+            num_steps_per_rollout=options.num_steps_per_rollout,
             mopd_advantage_clip=options.mopd_advantage_clip,
             host=node_address(),
             environ=os.environ,

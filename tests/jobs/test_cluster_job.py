@@ -46,6 +46,7 @@ def _run(tmp_path: Path, objective: str = "mopd", **advanced: object) -> TrainRu
 
 
 def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-def]
+    options = JobOptions.model_validate(run.advanced)
     return cluster_plan(
         run.model_copy(update={"student": str(resolve_checkpoint(run.student))}),
         cluster=ClusterOptions.model_validate(cluster),
@@ -53,6 +54,7 @@ def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-de
         temperature=1.0,
         n_samples_per_prompt=4,
         partial_rollout=True,
+        num_steps_per_rollout=options.num_steps_per_rollout,
         mopd_advantage_clip=None,
         host="10.0.0.7",
         environ={},
@@ -106,6 +108,7 @@ def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Pa
     assert _value(plan.argv, "--advantage-estimator") == "grpo"
     assert _value(plan.argv, "--n-samples-per-prompt") == "4"
     assert _value(plan.argv, "--global-batch-size") == "64"
+    assert "--num-steps-per-rollout" not in plan.argv  # one optimizer step per rollout
     assert _value(plan.argv, "--rollout-function-path").endswith("generate_rollout_partial_async")
     for attr in ("custom_generate_function_path", "custom_rm_path", "data_source_path"):
         assert _value(plan.argv, "--" + attr.replace("_", "-")) == MOPD_HOOKS[attr]
@@ -169,3 +172,12 @@ def test_the_entrypoint_serves_the_proxy_while_slime_runs_and_stops_it_after(
     assert seen["key"] and seen["config"] and os.path.isfile(seen["config"])
     with socket.socket() as sock:  # the proxy is gone
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_steps_per_rollout_reach_slime_with_the_batch_it_checks(tmp_path: Path) -> None:
+    # slime asserts global_batch_size == rollout_batch_size x n // num_steps_per_rollout
+    plan = _plan(_run(tmp_path, objective="grpo", num_steps_per_rollout=4))
+    assert _value(plan.argv, "--num-steps-per-rollout") == "4"
+    assert _value(plan.argv, "--global-batch-size") == "16"
+    samples = int(_value(plan.argv, "--rollout-batch-size")) * 4  # 4 samples per prompt
+    assert samples // int(_value(plan.argv, "--num-steps-per-rollout")) == 16

@@ -107,3 +107,35 @@ def test_a_dynamic_sampling_filter_reaches_the_rollout_and_is_grpo_only(tmp_path
     args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
     assert args.dynamic_sampling_filter_path == path
     assert JobOptions.model_validate({"dynamic_sampling_filter": path}).objective_problems("mopd")
+
+
+def test_steps_per_rollout_split_a_grpo_rollout_into_equal_optimizer_batches(
+    tmp_path: Path,
+) -> None:
+    run = _run(tmp_path, n_samples_per_prompt=8, num_steps_per_rollout=4).model_copy(
+        update={"objective": "grpo"}
+    )
+    args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
+    assert args.global_batch_size == 2 * 8 // 4  # 2 prompts x 8 samples in 4 steps
+    assert (args.rollout_batch_size, args.n_samples_per_prompt) == (2, 8)
+
+
+def test_steps_per_rollout_that_do_not_divide_the_rollout_are_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(tmp_path, n_samples_per_prompt=3, num_steps_per_rollout=4).model_copy(
+        update={"objective": "grpo"}
+    )
+    assert main(["--run-config", str(run.write(tmp_path / "run.json"))]) == 2
+    err = capsys.readouterr().err
+    assert "num_steps_per_rollout 4 does not divide a rollout's 6 samples" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_steps_per_rollout_on_a_mopd_run_are_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(tmp_path, num_steps_per_rollout=2)
+    assert main(["--run-config", str(run.write(tmp_path / "run.json"))]) == 2
+    assert "advanced.num_steps_per_rollout 2 is GRPO-only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
