@@ -24,10 +24,11 @@ from dressage.airflow.assets import ASSETS
 from dressage.airflow.param_checks import training_problems, validation_problems
 from dressage.airflow.plan import RunPlan, resolve_path
 from dressage.airflow.story import curves_path, staged_summary, tell
+from dressage.config.job import advanced_problems
 from dressage.config.mopd import Problem
 from dressage.launch.base import LaunchError, sanitize_id
 from dressage.launch.request import JobRequest
-from dressage.launch.train_job import train_entrypoint
+from dressage.launch.train_job import DEFAULT_JOB_MODULE, job_module, train_entrypoint
 
 if TYPE_CHECKING:
     from dressage.launch.preflight import PreflightReport
@@ -90,7 +91,24 @@ def plan_run(context: Context, *, objective: str, project_dir: Path) -> dict[str
         objective=objective,
         project_dir=project_dir,
     )
+    problems = job_settings_problems(plan)
+    if problems:
+        raise AirflowFailException(_values_to_fix(problems))
     return plan.model_dump(mode="json")
+
+
+def job_settings_problems(plan: RunPlan) -> list[str]:
+    """What the job would refuse in the run's settings (``extra``, the form's learning rate and
+    partial rollout, as RUN.json's ``advanced``), found before anything is launched. Only the
+    project's job is checked: another job module (``DRESSAGE_JOB_MODULE``) reads ``advanced``
+    its own way."""
+    if job_module() != DEFAULT_JOB_MODULE:
+        return []
+    run = plan.run_config(student=plan.student or "", engine_url=None, proxy_url=None)
+    return [
+        f"More job settings (extra): {problem.removeprefix('advanced.')}"
+        for problem in advanced_problems(run)
+    ]
 
 
 def prepare_checkpoints(plan_data: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dressage.config.run import ClusterLayout
+from dressage.config.run import ClusterLayout, TrainRunConfig
 
 __all__ = [
     "EMBEDDED_MOPD_OPTIONS",
@@ -24,6 +24,7 @@ __all__ = [
     "ClusterOptions",
     "JobOptions",
     "MopdObjective",
+    "advanced_problems",
 ]
 
 MopdObjective = Literal["sampled", "dense"]
@@ -152,6 +153,19 @@ class JobOptions(BaseModel):
             )
         return problems
 
+    def optimizer_batch_size(self, *, objective: str, rollout_batch_size: int) -> int:
+        """slime's ``global_batch_size``: a rollout's trajectories (prompts x samples per prompt;
+        MOPD takes one) over ``num_steps_per_rollout``; a ValueError when it does not divide
+        them."""
+        rollouts = rollout_batch_size * (1 if objective == "mopd" else self.n_samples_per_prompt)
+        steps = self.num_steps_per_rollout
+        if rollouts % steps:
+            raise ValueError(
+                f"advanced.num_steps_per_rollout {steps} does not divide a rollout's {rollouts} "
+                "trajectories (prompts per step x samples per prompt) into equal optimizer batches"
+            )
+        return rollouts // steps
+
     @model_validator(mode="after")
     def _forward_kl_needs_dense(self) -> JobOptions:
         if self.mopd_forward_kl_weight and self.mopd_objective != "dense":
@@ -161,3 +175,33 @@ class JobOptions(BaseModel):
                 "distribution to take a forward KL against"
             )
         return self
+
+
+def advanced_problems(run: TrainRunConfig) -> list[str]:
+    """Why ``run.advanced`` cannot drive ``run``'s job, one sentence each ([] when it can): an
+    unknown key or a bad value, an option the objective refuses, steps per rollout that do not
+    divide the rollout, the dense MOPD objective on the ray backend. The job refuses such a
+    run before anything starts; a training DAG's first task, before anything is launched."""
+    try:
+        options = JobOptions.model_validate(run.advanced)
+    except ValidationError as exc:
+        return [
+            f"advanced.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+            if error["loc"]
+            else f"advanced: {error['msg']}"
+            for error in exc.errors()
+        ]
+    problems = options.objective_problems(run.objective)
+    try:
+        options.optimizer_batch_size(
+            objective=run.objective, rollout_batch_size=run.rollout_batch_size
+        )
+    except ValueError as exc:
+        problems.append(str(exc))
+    if run.backend == "ray" and options.mopd_objective == "dense":
+        problems.append(
+            "advanced.mopd_objective 'dense' is embedded-only for now (slime's actor scores "
+            "teachers at the sampled tokens only); use backend 'embedded' or mopd_objective "
+            "'sampled'"
+        )
+    return problems

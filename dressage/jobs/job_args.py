@@ -25,7 +25,7 @@ from dressage.config.run import TrainRunConfig
 from dressage.jobs.cluster import PARTIAL_ASYNC_ROLLOUT
 from dressage.training.embedded import trainer_args
 
-__all__ = ["job_args", "optimizer_batch_size"]
+__all__ = ["job_args"]
 
 SYNC_ROLLOUT = "dressage.rollout.sync_rollout.generate_rollout"
 
@@ -45,7 +45,9 @@ def job_args(
         "lr_decay_style": options.lr_decay_style,
         "min_lr": options.min_lr,
         "lr_warmup_iters": options.lr_warmup_iters,
-        "global_batch_size": optimizer_batch_size(run, options),
+        "global_batch_size": options.optimizer_batch_size(
+            objective=run.objective, rollout_batch_size=run.rollout_batch_size
+        ),
         "use_dynamic_batch_size": options.max_tokens_per_gpu is not None,
         "max_tokens_per_gpu": options.max_tokens_per_gpu,
         "rollout_temperature": options.temperature,
@@ -103,18 +105,3 @@ def job_args(
             "dynamic_sampling_filter_path": options.dynamic_sampling_filter,
         }
     return trainer_args(**values)
-
-
-def optimizer_batch_size(run: TrainRunConfig, options: JobOptions) -> int:
-    """slime's ``global_batch_size``: a rollout's samples (prompts x samples per prompt; MOPD
-    takes one) over ``num_steps_per_rollout``; a ValueError when it does not divide them."""
-    samples = run.rollout_batch_size * (
-        1 if run.objective == "mopd" else options.n_samples_per_prompt
-    )
-    steps = options.num_steps_per_rollout
-    if samples % steps:
-        raise ValueError(
-            f"advanced.num_steps_per_rollout {steps} does not divide a rollout's {samples} "
-            "samples (prompts per step x samples per prompt) into equal optimizer batches"
-        )
-    return samples // steps

@@ -36,13 +36,13 @@ import httpx
 from pydantic import ValidationError
 
 from dressage.config.env import env_secret, env_str
-from dressage.config.job import JobOptions
+from dressage.config.job import JobOptions, advanced_problems
 from dressage.config.mopd import (
     MopdConfigError,
     load_mopd_config,
 )
 from dressage.config.run import TrainRunConfig
-from dressage.jobs.job_args import job_args, optimizer_batch_size
+from dressage.jobs.job_args import job_args
 from dressage.jobs.outputs import RunOutputs
 from dressage.reporting.metrics import HELDOUT_KL_PREFIX as HELDOUT_KL
 from dressage.slime.periodic import periodic_action
@@ -60,26 +60,16 @@ class JobConfigError(ValueError):
 def _load(path: Path) -> tuple[TrainRunConfig, JobOptions]:
     try:
         run = TrainRunConfig.model_validate(json.loads(path.read_text()))
-        options = JobOptions.model_validate(run.advanced)
     except (OSError, ValueError, ValidationError) as exc:
         raise JobConfigError(f"run config {path}: {exc}") from None
     if run.backend == "embedded" and (not run.engine_url or not run.proxy_url):
         raise JobConfigError(
             f"run config {path}: the embedded backend needs engine_url and proxy_url"
         )
-    for problem in options.objective_problems(run.objective):
-        raise JobConfigError(f"run config {path}: {problem}")
-    try:
-        optimizer_batch_size(run, options)
-    except ValueError as exc:
-        raise JobConfigError(f"run config {path}: {exc}") from None
-    if run.backend == "ray" and options.mopd_objective == "dense":
-        raise JobConfigError(
-            f"run config {path}: advanced.mopd_objective 'dense' is embedded-only for now "
-            "(slime's actor scores teachers at the sampled tokens only); use backend 'embedded' "
-            "or mopd_objective 'sampled'"
-        )
-    return run, options
+    problems = advanced_problems(run)
+    if problems:
+        raise JobConfigError(f"run config {path}: " + "; ".join(problems))
+    return run, JobOptions.model_validate(run.advanced)
 
 
 def _check_service(name: str, url: str) -> None:

@@ -94,3 +94,29 @@ def test_booleans_are_not_numbers_and_the_floor_is_a_share() -> None:
 def test_the_form_states_each_range_the_plan_checks() -> None:
     assert TRAINING_NUMBERS["steps"].describe() == "A whole number from 1 to 1,000,000."
     assert TRAINING_NUMBERS["learning_rate"].describe() == "A number above 0."
+
+
+def test_job_settings_the_job_would_refuse_are_one_sentence_each(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dressage.airflow.plan import RunPlan
+    from dressage.airflow.tasks import job_settings_problems
+
+    monkeypatch.delenv("DRESSAGE_JOB_MODULE", raising=False)
+
+    def plan(objective: str, **extra: Any) -> RunPlan:
+        params = {**GOOD, "mopd_config": "configs/mopd/embedded.json", "student": None}
+        params |= {"run_root": str(tmp_path), "extra": extra}
+        return RunPlan.from_params(
+            params, dag_id="d", run_id="r", objective=objective, project_dir=tmp_path
+        )
+
+    assert job_settings_problems(plan("grpo", num_steps_per_rollout=4)) == []
+    assert job_settings_problems(plan("grpo", learning_rat=1e-4)) == [
+        "More job settings (extra): learning_rat: Extra inputs are not permitted"
+    ]
+    (refused,) = job_settings_problems(plan("mopd", kl_loss_coef=0.1))
+    assert refused.startswith("More job settings (extra): kl_loss_coef 0.1 is GRPO-only")
+    # another job module reads advanced its own way
+    monkeypatch.setenv("DRESSAGE_JOB_MODULE", "tests.airflow.contract_job")
+    assert job_settings_problems(plan("grpo", contract_job={"fail_at_step": 1})) == []

@@ -270,3 +270,24 @@ def test_grpo_run_tells_reward_pass_rate_and_advantages(
     assert "| all | 0% → 25% |" in note and "/dressage/curves?dag_id=dressage_rl" in note
     summary = harness.xcom(run, "publish")["summary"]
     assert summary["objective"] == "grpo" and summary["pass_rate"] == {"all": [0.0, 0.25]}
+
+
+def test_job_settings_the_job_would_refuse_fail_the_plan_before_anything_is_launched(
+    airflow_db: None, note_listener: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DRESSAGE_JOB_MODULE", raising=False)  # the project's own job
+    extra = {"n_samples_per_prompt": 4, "num_steps_per_rollout": 3}
+    run = harness.run_dag("dressage_rl", {**_conf(tmp_path), "extra": extra})
+    states = harness.states(run)
+    assert run.state == "failed" and states["plan"] == "failed"
+    assert states["start_services"] == states["train"] == "upstream_failed"
+    # 4 prompts (the form's default) x 4 samples do not split into 3 optimizer steps
+    assert (
+        harness.note(run)
+        .replace("\\", "")
+        .startswith(
+            "**plan failed**: More job settings (extra): num_steps_per_rollout 3 does not divide a "
+            "rollout's 16 trajectories"
+        )
+    )
+    assert not list((tmp_path / "runs").rglob("run.json"))  # nothing was prepared

@@ -128,7 +128,7 @@ def test_steps_per_rollout_that_do_not_divide_the_rollout_are_refused_before_any
     )
     assert main(["--run-config", str(run.write(tmp_path / "run.json"))]) == 2
     err = capsys.readouterr().err
-    assert "num_steps_per_rollout 4 does not divide a rollout's 6 samples" in err
+    assert "num_steps_per_rollout 4 does not divide a rollout's 6 trajectories" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -139,3 +139,17 @@ def test_steps_per_rollout_on_a_mopd_run_are_refused_before_anything_starts(
     assert main(["--run-config", str(run.write(tmp_path / "run.json"))]) == 2
     assert "advanced.num_steps_per_rollout 2 is GRPO-only" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_advanced_problems_are_every_sentence_the_job_would_refuse_with(tmp_path: Path) -> None:
+    from dressage.config.job import advanced_problems
+
+    assert advanced_problems(_run(tmp_path)) == []
+    bad = _run(tmp_path, num_steps_per_rollout=2, kl_loss_coef=0.1, temperature=0)
+    (typed,) = advanced_problems(bad)  # a bad value first: nothing else can be judged
+    assert typed.startswith("advanced.temperature: Input should be greater than 0")
+    refused = advanced_problems(_run(tmp_path, num_steps_per_rollout=2, kl_loss_coef=0.1))
+    assert [p.split(" ", 1)[0] for p in refused] == [
+        "advanced.kl_loss_coef",
+        "advanced.num_steps_per_rollout",
+    ]
