@@ -1,10 +1,12 @@
 """MOPD transfer against controls: a skill moves from the teacher that has it, and only from it.
 
-    python bench/mopd_transfer.py                        # 3 seeds, 100 steps: ~27 min on 2 cores
-    python bench/mopd_transfer.py --device cuda --parallel 12
+    python bench/mopd_transfer.py --parallel 12          # 3 seeds, 100 steps: 215 s on 16 cores
+    python bench/mopd_transfer.py --parallel 4           # the same on 2 cores: ~27 min
     python bench/mopd_transfer.py --steps 10 --seeds 0   # a smoke run
     python bench/mopd_transfer.py --config configs/mopd/scale.json --device cuda --steps 150 \
         --eval-interval 10 --out R.json --plot R.png      # at scale (larger models), with curves
+    python bench/mopd_transfer.py --merge S0.json S1.json S2.json --out R.json --plot R.png
+                                                          # judge runs made apart (a seed a call)
 
 The embedded MOPD job itself (``python -m dressage.jobs.train`` against its own engine and
 recording proxy, the tool agent, the dense objective: what ``make demo`` runs), on
@@ -23,8 +25,12 @@ one-teacher run whose teacher is not the task's own, beyond the spreads; and (a)
 above every one-teacher run's worst task (the calculator teacher alone teaches calculator exactly
 as (a) does: what it cannot do is teach lookup). The last line is that verdict as JSON: ``ours``
 is (a)'s accuracy and ``baseline`` the strongest control's on the task where (a) leads least,
-``ratio`` their quotient (baseline 0: ours/0.01). Four training runs a seed do not fit the
-project's 5 minutes on a 2-core CPU; on the GPU machine they run side by side.
+``ratio`` their quotient (baseline 0: ours/0.01). The twelve runs of the tiny models are CPU
+work (a step is Python and small kernels): on 16 cores they run side by side in 215 s, on 2 cores
+in about 27 minutes, on one H200 with the same 16 cores 519 s (twelve processes' CUDA contexts
+share one GPU). The larger models of
+``configs/mopd/scale.json`` want the GPU, four to eight runs to a call; ``--merge`` then judges
+the calls' ``--out`` files together.
 """
 
 from __future__ import annotations
@@ -179,7 +185,17 @@ def main() -> int:
     parser.add_argument(
         "--work", type=Path, default=None, help="keep the runs' folders here (default: temporary)"
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="run nothing: judge the runs of these --out files together (same config, steps, "
+        "batch and learning rate; their seeds and runs must not overlap)",
+    )
     args = parser.parse_args()
+    if args.merge:
+        return report(*merged_runs(args.merge), args)
 
     config = json.loads(args.config.read_text())
     built = build_checkpoints(load_mopd_config(args.config).built_specs())  # once; cached
@@ -201,17 +217,67 @@ def main() -> int:
         work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mt-")))
         jobs = [(c, s) for s in args.seeds for c in conditions]
         with ThreadPoolExecutor(args.parallel) as pool:
-            results = list(pool.map(lambda job: run_one(*job, student, args, work), jobs))
+            results = list(pool.map(lambda job: run_one(job[0], job[1], student, args, work), jobs))
+    settings = {
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "prompts_per_step": args.batch,
+        "lr": args.lr,
+        "config": str(args.config),
+        "device": args.device,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    return report(results, settings, args)
+
+
+MERGED_SETTINGS = ("steps", "prompts_per_step", "lr", "config", "device")
+"""What every merged file must agree on (their seeds and seconds add up instead)."""
+
+
+def merged_runs(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The runs of several ``--out`` files and their shared settings; a file that disagrees on
+    a setting, or repeats a (condition, seed) run, stops the merge naming it."""
+    results: list[dict[str, Any]] = []
+    settings: dict[str, Any] = {}
+    seconds: list[float] = []
+    for path in files:
+        saved = json.loads(path.read_text())
+        verdict = saved["verdict"]
+        for key in MERGED_SETTINGS:
+            if key in settings and settings[key] != verdict[key]:
+                raise SystemExit(
+                    f"--merge: {path} has {key}={verdict[key]!r}, the files before it "
+                    f"{settings[key]!r}"
+                )
+            settings[key] = verdict[key]
+        seen = {(r["condition"], r["seed"]) for r in results}
+        repeated = sorted({(r["condition"], r["seed"]) for r in saved["runs"]} & seen)
+        if repeated:
+            raise SystemExit(f"--merge: {path} repeats runs {repeated}")
+        results += saved["runs"]
+        seconds.append(verdict["seconds"])
+    settings["seeds"] = sorted({r["seed"] for r in results})
+    settings["seconds"] = round(sum(seconds), 1)
+    settings["seconds_per_file"] = seconds
+    return results, settings
+
+
+def report(
+    results: list[dict[str, Any]], settings: dict[str, Any], args: argparse.Namespace
+) -> int:
+    """Print the table and the verdict of ``results`` (and write ``--out``/``--plot``)."""
+    config_path = Path(settings["config"])
+    names = list(dict.fromkeys(r["condition"] for r in results))
     table: dict[str, dict[str, tuple[float, float]]] = {}
-    for condition in conditions:
-        runs = [r for r in results if r["condition"] == condition.name]
-        table[condition.name] = {t: summarise([r["after"][t] for r in runs]) for t in TASKS}
+    for name in names:
+        runs = [r for r in results if r["condition"] == name]
+        table[name] = {t: summarise([r["after"][t] for r in runs]) for t in TASKS}
     table[NO_TRAINING] = {t: summarise([r["before"][t] for r in results]) for t in TASKS}
     print(f"{'condition':<24} " + " ".join(f"{t:>18}" for t in TASKS))
     for name, row in table.items():
         cells = " ".join(f"{m:>10.0%} ± {s:<5.0%}" for m, s in (row[t] for t in TASKS))
         print(f"{name:<24} {cells}")
-    judged = transfer_verdict(table, own_teacher_of(args.config))
+    judged = transfer_verdict(table, own_teacher_of(config_path))
     verdict = {
         "metric": "heldout_accuracy_configured_vs_strongest_control",
         "unit": "fraction solved (agent loop, greedy)",
@@ -225,18 +291,12 @@ def main() -> int:
         "per_task": judged["per_task"],
         "worst_task_margin": judged["worst_task_margin"],
         "table": {c: {t: [round(x, 4) for x in row[t]] for t in TASKS} for c, row in table.items()},
-        "seeds": args.seeds,
-        "steps": args.steps,
-        "prompts_per_step": args.batch,
-        "lr": args.lr,
-        "config": str(args.config),
-        "device": args.device,
-        "seconds": round(time.monotonic() - started, 1),
+        **settings,
     }
     if args.out:
         args.out.write_text(json.dumps({"runs": results, "verdict": verdict}, indent=1))
     if args.plot:
-        plot_transfer(results, args.plot, title=f"{args.config.name}: {args.steps} steps")
+        plot_transfer(results, args.plot, title=f"{config_path.name}: {settings['steps']} steps")
     print(json.dumps(verdict))
     return 0
 

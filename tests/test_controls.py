@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from dressage.testing.controls import (
@@ -78,3 +84,72 @@ def test_a_missing_row_is_named() -> None:
     del table["no_training"]
     with pytest.raises(ValueError, match=r"no_training/calculator"):
         transfer_verdict(table, OWN)
+
+
+# -- bench/mopd_transfer.py --merge: runs made apart (a seed a call), judged together -----------
+
+
+def _saved(tmp_path: Path, name: str, seed: int, *, lr: float = 2e-3) -> Path:
+    """One --out file: the four conditions of one seed, each one-teacher run learning only its
+    teacher's task."""
+    after = {
+        "configured": {"calculator": 0.8 + seed / 100, "lookup": 1.0},
+        "swapped": {"calculator": 0.0, "lookup": 0.0},
+        "one_teacher:calculator": {"calculator": 0.8, "lookup": 0.06},
+        "one_teacher:lookup": {"calculator": 0.0, "lookup": 1.0},
+    }
+    before = {"calculator": 0.12, "lookup": 0.06}
+    runs = [
+        {"condition": c, "seed": seed, "before": before, "after": a, "seconds": 1.0}
+        for c, a in after.items()
+    ]
+    settings = {
+        "steps": 100,
+        "prompts_per_step": 32,
+        "lr": lr,
+        "config": "configs/mopd/embedded.json",
+        "device": "cuda",
+        "seeds": [seed],
+        "seconds": 200.0 + seed,
+    }
+    path = tmp_path / name
+    path.write_text(json.dumps({"runs": runs, "verdict": settings}))
+    return path
+
+
+def _merge(*files: Path, out: Path | None = None) -> subprocess.CompletedProcess[str]:
+    extra = ["--out", str(out)] if out else []
+    return subprocess.run(
+        [sys.executable, "bench/mopd_transfer.py", "--merge", *map(str, files), *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_merge_judges_the_seeds_of_several_files_as_one_run(tmp_path: Path) -> None:
+    files = [_saved(tmp_path, f"s{seed}.json", seed) for seed in (0, 1, 2)]
+    done = _merge(*files, out=tmp_path / "all.json")
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict["met"] is True
+    assert verdict["seeds"] == [0, 1, 2]
+    assert verdict["seconds_per_file"] == [200.0, 201.0, 202.0]
+    configured = verdict["table"]["configured"]["calculator"]
+    assert configured[0] == pytest.approx(0.81)
+    assert configured[1] == pytest.approx(statistics.pstdev([0.8, 0.81, 0.82]), abs=1e-4)
+    assert verdict["table"]["no_training"]["lookup"] == [0.06, 0.0]
+    assert len(json.loads((tmp_path / "all.json").read_text())["runs"]) == 12
+
+
+def test_merge_refuses_files_that_disagree_or_repeat_a_run(tmp_path: Path) -> None:
+    first = _saved(tmp_path, "a.json", 0)
+    other_lr = _saved(tmp_path, "b.json", 1, lr=1e-3)
+    done = _merge(first, other_lr)
+    assert done.returncode != 0
+    assert f"--merge: {other_lr} has lr=0.001, the files before it 0.002" in done.stderr
+    again = _saved(tmp_path, "c.json", 0)
+    done = _merge(first, again)
+    assert done.returncode != 0
+    assert "repeats runs [('configured', 0)," in done.stderr
