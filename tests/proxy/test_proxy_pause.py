@@ -198,7 +198,10 @@ def test_every_token_carries_the_version_of_the_weights_that_made_it(
         assert step.output_versions == sorted(step.output_versions), "versions only grow"
     spanning = [s for s in steps if len(set(s.output_versions)) > 1]
     assert len(spanning) >= CYCLES
-    others = random.Random(0).sample([s for s in steps if s not in spanning], 4)
+    # under load every call can span a pause (CI saw none left): check what single-version ones
+    # there are, up to 4
+    single = [s for s in steps if s not in spanning]
+    others = random.Random(0).sample(single, min(4, len(single)))
     oracle = VersionOracle(weights)
     tokens = distinct = 0
     for step in spanning[:16] + others:
