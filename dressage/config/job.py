@@ -25,6 +25,7 @@ __all__ = [
     "JobOptions",
     "MopdObjective",
     "advanced_problems",
+    "optimizer_batch",
 ]
 
 MopdObjective = Literal["sampled", "dense"]
@@ -158,13 +159,7 @@ class JobOptions(BaseModel):
         MOPD takes one) over ``num_steps_per_rollout``; a ValueError when it does not divide
         them."""
         rollouts = rollout_batch_size * (1 if objective == "mopd" else self.n_samples_per_prompt)
-        steps = self.num_steps_per_rollout
-        if rollouts % steps:
-            raise ValueError(
-                f"advanced.num_steps_per_rollout {steps} does not divide a rollout's {rollouts} "
-                "trajectories (prompts per step x samples per prompt) into equal optimizer batches"
-            )
-        return rollouts // steps
+        return optimizer_batch(rollouts, self.num_steps_per_rollout)
 
     @model_validator(mode="after")
     def _forward_kl_needs_dense(self) -> JobOptions:
@@ -175,6 +170,17 @@ class JobOptions(BaseModel):
                 "distribution to take a forward KL against"
             )
         return self
+
+
+def optimizer_batch(rollouts: int, steps: int) -> int:
+    """slime's ``global_batch_size`` for ``rollouts`` trajectories a rollout trained in ``steps``
+    optimizer steps; a ValueError when ``steps`` does not divide them."""
+    if rollouts % steps:
+        raise ValueError(
+            f"advanced.num_steps_per_rollout {steps} does not divide a rollout's {rollouts} "
+            "trajectories (prompts per step x samples per prompt) into equal optimizer batches"
+        )
+    return rollouts // steps
 
 
 def advanced_problems(run: TrainRunConfig) -> list[str]:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dressage.config.job import ClusterOptions, JobOptions
+from dressage.config.job import ClusterOptions, JobOptions, optimizer_batch
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.config.run import ClusterLayout, MopdRunConfig, TrainRunConfig
 from dressage.health import wait_healthy
@@ -122,7 +122,7 @@ def cluster_plan(
     temperature: float,
     n_samples_per_prompt: int,
     partial_rollout: bool,
-    num_steps_per_rollout: int = 1,
+    num_steps_per_rollout: int,
     mopd_advantage_clip: float | None,
     host: str,
     environ: Mapping[str, str],
@@ -170,7 +170,7 @@ def cluster_plan(
     argv += layout_flags(cluster)
     argv += ["--num-rollout", str(run.num_steps), "--update-weights-interval", "1"]
     argv += ["--rollout-batch-size", str(rbs), "--n-samples-per-prompt", str(n)]
-    argv += ["--global-batch-size", str(rbs * n // num_steps_per_rollout)]
+    argv += ["--global-batch-size", str(optimizer_batch(rbs * n, num_steps_per_rollout))]
     if num_steps_per_rollout != 1:  # slime checks the two agree
         argv += ["--num-steps-per-rollout", str(num_steps_per_rollout)]
     argv += ["--rollout-max-response-len", str(max_response_len)]
