@@ -28,9 +28,10 @@ __all__ = [
     "optimizer_batch",
 ]
 
-MopdObjective = Literal["sampled", "dense"]
-"""``--mopd-objective``: the sampled-token loss, or the dense reverse KL over the vocabulary
-(:mod:`dressage.training.mopd_dense`, embedded trainer only for now)."""
+MopdObjective = Literal["sampled", "dense", "topk"]
+"""``--mopd-objective``: the sampled-token loss; the dense reverse KL over the vocabulary
+(:mod:`dressage.training.mopd_dense`, embedded trainer only); or the KL over the teacher's
+top-K support and a tail bucket (:mod:`dressage.training.mopd_topk`, both backends)."""
 MOPD_OBJECTIVES: tuple[MopdObjective, ...] = get_args(MopdObjective)
 DEFAULT_MOPD_OBJECTIVE: MopdObjective = "sampled"
 

@@ -28,8 +28,10 @@ __all__ = [
     "cp_rank",
     "cp_world_size",
     "data_parallel_group",
+    "local_response_rows",
     "megatron_active",
     "slime_response_log_probs",
+    "tensor_parallel_shard",
 ]
 
 
@@ -87,6 +89,57 @@ def cp_local(
         slice_log_prob_with_cp(v, int(total), int(resp))
         for v, total, resp in zip(values, total_lengths, response_lengths, strict=True)
     ]
+
+
+def local_response_rows(
+    total_lengths: Sequence[int], response_lengths: Sequence[int]
+) -> list[Tensor]:
+    """Per sample, the rows of this rank's packed logits that predict its response tokens, in
+    the order of slime's CP-local response tensors (all of them at CP 1).
+
+    slime packs each sequence as ``slice_with_cp(tokens)`` (its two zigzag chunks under context
+    parallelism, the whole sequence at CP 1), one after another; the logits row of position
+    ``p`` predicts token ``p + 1``. Applying that same slicing to the positions themselves says
+    which rows hold which positions, so the rows follow slime's layout by construction.
+    """
+    import torch
+
+    if cp_world_size() > 1:
+        from slime.backends.megatron_utils.cp_utils import slice_with_cp
+
+        def held(total: int) -> Tensor:
+            return slice_with_cp(torch.arange(total), -1)
+    else:
+
+        def held(total: int) -> Tensor:
+            return torch.arange(total)
+
+    out, base = [], 0
+    for i, (total, resp) in enumerate(zip(total_lengths, response_lengths, strict=True)):
+        total, resp = int(total), int(resp)
+        if not 0 <= resp < total:
+            raise ValueError(
+                f"sample {i}: response_length {resp} must be in [0, total_length {total})"
+            )
+        positions = held(total)
+        first = total - resp - 1  # the row that predicts the first response token
+        (local,) = torch.nonzero((positions >= first) & (positions < total - 1), as_tuple=True)
+        out.append(local + base)
+        base += int(positions.numel())
+    return out
+
+
+def tensor_parallel_shard(width: int) -> tuple[Any, int]:
+    """``(group, vocab_start)`` of this rank's vocab-parallel logits of ``width`` columns:
+    Megatron's tensor-parallel group (None at TP 1 and off Megatron) and its first column."""
+    if not megatron_active():
+        return None, 0
+    from megatron.core import mpu
+
+    world = int(mpu.get_tensor_model_parallel_world_size())
+    if world == 1:
+        return None, 0
+    return mpu.get_tensor_model_parallel_group(), int(mpu.get_tensor_model_parallel_rank()) * width
 
 
 def slime_response_log_probs(

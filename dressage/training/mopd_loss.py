@@ -21,7 +21,9 @@ refuses to run with them.
 
 ``--mopd-objective dense`` (embedded trainer only, :mod:`dressage.training.mopd_dense`) swaps
 the loss for the exact reverse KL to the teacher over the whole vocabulary at every response
-position; the advantage hook still runs, but its A_t then only feeds the metrics.
+position; ``--mopd-objective topk`` (both backends, :mod:`dressage.training.mopd_topk`) for the
+KL over the teacher's top-K tokens, the sampled one and a tail bucket. The advantage hook still
+runs, but its A_t then only feeds the metrics.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dressage.training.losses import approx_kl
 from dressage.training.megatron_path import cp_local, cp_rank, cp_world_size
 from dressage.training.mopd_dense import dense_reverse_kl_loss, mopd_objective
 from dressage.training.mopd_metrics import deferred_store, mopd_teacher_metrics
+from dressage.training.mopd_topk import topk_kl_loss
 from dressage.training.reducer import Reducer
 
 __all__ = [
@@ -183,13 +186,16 @@ def mopd_policy_loss(
     """slime's ``--custom-loss-function-path`` hook: ``-A_t * log pi_student`` reduced.
 
     With ``--mopd-objective dense`` the loss is instead the reverse KL over the vocabulary
-    (:func:`dressage.training.mopd_dense.dense_reverse_kl_loss`); the advantages are then unused
-    by the loss (optional in the batch, reported when present).
+    (:func:`dressage.training.mopd_dense.dense_reverse_kl_loss`), with ``topk`` the KL over the
+    teacher's top-K support and a tail bucket
+    (:func:`dressage.training.mopd_topk.topk_kl_loss`); the advantages are then unused by the
+    loss (optional in the batch, reported when present).
 
     Args:
         batch: ``advantages`` (from :func:`compute_mopd_advantages`), ``total_lengths``,
             ``response_lengths``, tokens; ``teacher_full_log_probs`` (``[R_i, V]`` per sample)
-            with ``dense``; for metrics ``teacher_log_probs`` and ``log_probs``.
+            with ``dense``; ``teacher_log_probs`` carrying each sample's top-k support with
+            ``topk``; for metrics ``teacher_log_probs`` and ``log_probs``.
         logits: packed ``[1, T, V]`` (see ``dressage.training.log_probs``).
 
     Returns:
@@ -197,14 +203,17 @@ def mopd_policy_loss(
         ``log pi_student - log pi_teacher``), ``mopd_advantage_mean``, ``mopd_advantage_abs_mean``,
         ``mopd_advantage_clipfrac`` and ``mopd_update_kl`` (k3 KL of the current student from the
         one that generated the advantages), each reduced like the loss; with ``dense`` also
-        ``mopd_dense_reverse_kl`` (the loss itself).
+        ``mopd_dense_reverse_kl``, with ``topk`` ``mopd_topk_kl`` (the loss itself).
     """
     compute = log_prob_function(args)
-    if mopd_objective(args) == "dense":
-        loss = dense_reverse_kl_loss(args, batch, logits, sum_of_sample_mean)
+    objective = mopd_objective(args)
+    if objective != "sampled":
+        distribution_loss = dense_reverse_kl_loss if objective == "dense" else topk_kl_loss
+        loss = distribution_loss(args, batch, logits, sum_of_sample_mean)
         with torch.no_grad():
             current = torch.cat(compute(args, batch, logits.detach(), with_entropy=False)[0])
-        metrics = {"mopd_loss": loss.detach(), "mopd_dense_reverse_kl": loss.detach()}
+        name = "mopd_dense_reverse_kl" if objective == "dense" else "mopd_topk_kl"
+        metrics = {"mopd_loss": loss.detach(), name: loss.detach()}
         if batch.get("advantages") is not None:
             advantages = _cat(batch["advantages"], "advantages", current.device).float()
             metrics |= _advantage_metrics(advantages, sum_of_sample_mean)

@@ -146,9 +146,9 @@ def test_teacher_distributions_of_another_vocabulary_are_refused() -> None:
 def test_an_unknown_objective_is_refused_naming_the_flag() -> None:
     batch, logits = _case()
     with pytest.raises(
-        ValueError, match="--mopd-objective must be one of sampled, dense; got 'topk'"
+        ValueError, match="--mopd-objective must be one of sampled, dense, topk; got 'full'"
     ):
-        _dense_loss(batch, logits, mopd_objective="topk")
+        _dense_loss(batch, logits, mopd_objective="full")
 
 
 def test_the_slime_flag_takes_only_the_two_objectives(capsys: pytest.CaptureFixture[str]) -> None:
