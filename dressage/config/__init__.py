@@ -9,7 +9,8 @@ problems.py       what validation reports
 layered.py        flags over variables over defaults (pydantic-settings), for the modules below
 pause_client.py   the trainer's pause client (pause around weight updates, required, timeout)
 agent_dispatch.py the black-box rollout's agent dispatch (proxy, agent, timeouts, attempts)
-run.py            a training run: a MOPD launch's settings, an embedded job's RUN.json
+run.py            a training run: a MOPD launch's settings (the MOPD objectives' names and
+                  defaults), an embedded job's RUN.json
 job.py            RUN.json's ``advanced`` options (and the cluster's)
 """
 

@@ -11,15 +11,30 @@ job makes of them: :mod:`dressage.jobs.job_args` (slime's ``args``) and
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, get_args
+from types import SimpleNamespace
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dressage.config.run import ClusterLayout, TrainRunConfig
+from dressage.config.mopd import (
+    OBJECTIVE_SLIME_OPTIONS,
+    Problem,
+    slime_objective_problems,
+    slime_options,
+)
+from dressage.config.run import (
+    DEFAULT_MOPD_OBJECTIVE,
+    DEFAULT_MOPD_TOPK,
+    MOPD_OBJECTIVES,
+    ClusterLayout,
+    MopdObjective,
+    TrainRunConfig,
+)
 
 __all__ = [
     "EMBEDDED_MOPD_OPTIONS",
     "DEFAULT_MOPD_OBJECTIVE",
+    "DEFAULT_MOPD_TOPK",
     "MOPD_OBJECTIVES",
     "ClusterOptions",
     "JobOptions",
@@ -27,13 +42,6 @@ __all__ = [
     "advanced_problems",
     "optimizer_batch",
 ]
-
-MopdObjective = Literal["sampled", "dense", "topk"]
-"""``--mopd-objective``: the sampled-token loss; the dense reverse KL over the vocabulary
-(:mod:`dressage.training.mopd_dense`, embedded trainer only); or the KL over the teacher's
-top-K support and a tail bucket (:mod:`dressage.training.mopd_topk`, both backends)."""
-MOPD_OBJECTIVES: tuple[MopdObjective, ...] = get_args(MopdObjective)
-DEFAULT_MOPD_OBJECTIVE: MopdObjective = "sampled"
 
 
 EMBEDDED_MOPD_OPTIONS: dict[str, Any] = {
@@ -111,12 +119,17 @@ class JobOptions(BaseModel):
     drops groups whose samples all got the same reward: DAPO's dynamic sampling)."""
     mopd_advantage_clip: float | None = Field(None, gt=0)
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
-    """``dense``: the reverse KL to the teacher over the whole vocabulary; embedded backend
-    only (the ray backend refuses it)."""
+    """``dense``: the reverse KL to the teacher over the whole vocabulary, embedded backend only
+    (the ray backend refuses it: the teacher's whole log-softmax at every response token);
+    ``topk``: the KL over the teacher's top-K tokens, the sampled one and a tail bucket, both
+    backends."""
+    mopd_topk: int | None = Field(None, ge=1)
+    """``topk`` only: K, the teacher's most likely tokens kept a position; None:
+    ``DEFAULT_MOPD_TOPK``."""
     mopd_forward_kl_weight: float = Field(0.0, ge=0, le=1)
-    """``dense`` only: this share of the per-token loss is the forward KL (teacher to student),
-    the rest the reverse KL. The reverse KL cannot unlearn a token the student is sure of and
-    the teacher rules out (its gradient vanishes there); the forward KL can."""
+    """``dense`` and ``topk``: this share of the per-token loss is the forward KL (teacher to
+    student), the rest the reverse KL. The reverse KL cannot unlearn a token the student is sure
+    of and the teacher rules out (its gradient vanishes there); the forward KL can."""
     max_tokens_per_gpu: int | None = Field(None, ge=1)
     """Dynamic micro-batching for the embedded trainer (slime's ``--use-dynamic-batch-size
     --max-tokens-per-gpu``): each optimizer step's samples packed into micro-batches of at most
@@ -163,13 +176,22 @@ class JobOptions(BaseModel):
         return optimizer_batch(rollouts, self.num_steps_per_rollout)
 
     @model_validator(mode="after")
-    def _forward_kl_needs_dense(self) -> JobOptions:
-        if self.mopd_forward_kl_weight and self.mopd_objective != "dense":
-            raise ValueError(
+    def _options_of_the_objective(self) -> JobOptions:
+        problems = []
+        if self.mopd_forward_kl_weight and self.mopd_objective == "sampled":
+            problems.append(
                 f"mopd_forward_kl_weight {self.mopd_forward_kl_weight} needs mopd_objective "
-                f"'dense' (got {self.mopd_objective!r}): the sampled objective has no teacher "
+                "'dense' or 'topk' (got 'sampled'): the sampled objective has no teacher "
                 "distribution to take a forward KL against"
             )
+        if self.mopd_topk is not None and self.mopd_objective != "topk":
+            problems.append(
+                f"mopd_topk {self.mopd_topk} needs mopd_objective 'topk' (got "
+                f"{self.mopd_objective!r}): only the top-k objective keeps a teacher's K most "
+                "likely tokens"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -187,8 +209,10 @@ def optimizer_batch(rollouts: int, steps: int) -> int:
 def advanced_problems(run: TrainRunConfig) -> list[str]:
     """Why ``run.advanced`` cannot drive ``run``'s job, one sentence each ([] when it can): an
     unknown key or a bad value, an option the objective refuses, steps per rollout that do not
-    divide the rollout, the dense MOPD objective on the ray backend. The job refuses such a
-    run before anything starts; a training DAG's first task, before anything is launched."""
+    divide the rollout, and on the ray backend what slime's MOPD launch refuses of the MOPD
+    objective (``dense``; ``topk`` with ``--allgather-cp`` or ``--rollout-top-p`` below 1 in
+    ``cluster.extra_args``). The job refuses such a run before anything starts; a training
+    DAG's first task, before anything is launched."""
     try:
         options = JobOptions.model_validate(run.advanced)
     except ValidationError as exc:
@@ -205,10 +229,18 @@ def advanced_problems(run: TrainRunConfig) -> list[str]:
         )
     except ValueError as exc:
         problems.append(str(exc))
-    if run.backend == "ray" and options.mopd_objective == "dense":
-        problems.append(
-            "advanced.mopd_objective 'dense' is embedded-only for now (slime's actor scores "
-            "teachers at the sampled tokens only); use backend 'embedded' or mopd_objective "
-            "'sampled'"
-        )
+    if run.backend == "ray" and run.objective == "mopd":
+        problems += [problem.message for problem in _slime_objective_problems(options)]
     return problems
+
+
+def _slime_objective_problems(options: JobOptions) -> list[Problem]:
+    """What slime's MOPD launch would refuse of the objective: ``dense``, and ``topk`` beside
+    slime flags in ``cluster.extra_args`` it cannot run with (``--allgather-cp``, top-p)."""
+    args = SimpleNamespace(
+        mopd_objective=options.mopd_objective,
+        mopd_topk=options.mopd_topk,
+        mopd_forward_kl_weight=options.mopd_forward_kl_weight,
+        **slime_options(options.cluster.extra_args, OBJECTIVE_SLIME_OPTIONS),
+    )
+    return slime_objective_problems(args)

@@ -27,13 +27,14 @@ Check a config (routes, rewards, checkpoints; the one check every caller runs)::
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -46,6 +47,7 @@ from dressage.config.problems import MopdConfigError, MopdReport, Problem
 
 __all__ = [
     "MOPD_HOOKS",
+    "OBJECTIVE_SLIME_OPTIONS",
     "DatasetSpec",
     "MopdConfig",
     "MopdConfigError",
@@ -56,6 +58,8 @@ __all__ = [
     "UNSUPPORTED_SLIME_OPTIONS",
     "load_mopd_config",
     "mopd_args_defaults",
+    "slime_objective_problems",
+    "slime_options",
     "validate_mopd_run",
 ]
 
@@ -330,6 +334,96 @@ def _objective_problems(args: Any) -> list[Problem]:
             "--global-batch-size",
             f"{gbs} != rollout_batch_size x n_samples_per_prompt = {int(rbs) * n}: more than one "
             "step per rollout",
+        )
+    return problems
+
+
+# slime flags a command's extra arguments may carry that decide whether its MOPD objective can
+# run: (flag, attribute as slime's parser sets it, argparse action or type).
+OBJECTIVE_SLIME_OPTIONS: tuple[tuple[str, str, Any], ...] = (
+    ("--allgather-cp", "allgather_cp", "store_true"),
+    ("--rollout-top-p", "rollout_top_p", float),
+)
+
+_DENSE_ON_SLIME = (
+    "--mopd-objective dense is embedded-only: it keeps the teacher's full log-softmax at every "
+    "response token, V x 4 bytes a token (about 8 GB a sample of 8k tokens at Qwen3.5's "
+    "248,320-entry vocabulary); use --mopd-objective topk, which keeps the teacher's top-K "
+    "tokens and a tail (O(K) a token), or the embedded trainer"
+)
+
+
+def slime_options(argv: Sequence[str], options: Sequence[tuple[str, str, Any]]) -> dict[str, Any]:
+    """The ``options`` (flag, attribute, action or type) set in ``argv``, by attribute, as
+    slime's parser would read them (the last of a repeated flag wins); unknown flags skipped."""
+    parser = argparse.ArgumentParser(add_help=False)
+    for flag, dest, kind in options:
+        if isinstance(kind, str):
+            parser.add_argument(flag, dest=dest, action=kind, default=None)
+        else:
+            parser.add_argument(flag, dest=dest, type=kind, default=None)
+    parsed, _ = parser.parse_known_args(list(argv))
+    return {k: v for k, v in vars(parsed).items() if v is not None}
+
+
+def slime_objective_problems(args: Any) -> list[Problem]:
+    """What slime's MOPD actor cannot train of the objective in ``args``, one sentence each,
+    naming the flags: ``dense`` (embedded-only); ``--mopd-topk`` below 1 or without ``topk``;
+    ``--mopd-forward-kl-weight`` outside [0, 1] or with ``sampled``; ``topk`` with
+    ``--allgather-cp`` (its support follows slime's zigzag context-parallel layout) or
+    ``--rollout-top-p`` below 1 (slime's top-p replay masks the log-probs it is built from).
+    ``--mopd-topk`` against the vocabulary is checked with the checkpoints
+    (:func:`dressage.training.checkpoints.validate_mopd_checkpoints`)."""
+    objective = getattr(args, "mopd_objective", None) or "sampled"
+    k = getattr(args, "mopd_topk", None)
+    b = getattr(args, "mopd_forward_kl_weight", None) or 0.0
+    top_p = getattr(args, "rollout_top_p", None)
+    problems: list[Problem] = []
+
+    def bad(flag: str, sentence: str) -> None:
+        problems.append(Problem(f"option {flag}", sentence))
+
+    if objective == "dense":
+        bad("--mopd-objective", _DENSE_ON_SLIME)
+    if k is not None and k < 1:
+        bad(
+            "--mopd-topk",
+            f"--mopd-topk {k} is below 1: topk keeps the teacher's K most likely tokens a "
+            "position, at least one",
+        )
+    if k is not None and objective != "topk":
+        bad(
+            "--mopd-topk",
+            f"--mopd-topk {k} needs --mopd-objective topk (got {objective!r}): only the "
+            "top-k objective keeps a teacher's K most likely tokens",
+        )
+    if not 0.0 <= b <= 1.0:
+        bad(
+            "--mopd-forward-kl-weight",
+            f"--mopd-forward-kl-weight {b} is outside [0, 1]: it is the forward KL's share "
+            "of each token's loss",
+        )
+    elif b and objective == "sampled":
+        bad(
+            "--mopd-forward-kl-weight",
+            f"--mopd-forward-kl-weight {b} needs --mopd-objective dense or topk (got "
+            "'sampled'): the sampled objective has no teacher distribution to take a "
+            "forward KL against",
+        )
+    if objective == "topk" and getattr(args, "allgather_cp", False):
+        bad(
+            "--allgather-cp",
+            "--mopd-objective topk cannot run with --allgather-cp: its teacher support and "
+            "loss follow slime's zigzag context-parallel layout, which --allgather-cp replaces "
+            "with another; drop --allgather-cp",
+        )
+    if objective == "topk" and top_p is not None and top_p < 1.0:
+        bad(
+            "--rollout-top-p",
+            f"--mopd-objective topk cannot run with --rollout-top-p {top_p} (below 1): "
+            "slime's top-p replay masks the log-probs outside the rollout's nucleus, the "
+            "log-probs the teacher's top-K support and tail are built from; use "
+            "--rollout-top-p 1",
         )
     return problems
 

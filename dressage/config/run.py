@@ -17,11 +17,29 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ENV_FIELDS", "ClusterLayout", "MopdRunConfig", "TrainRunConfig"]
+__all__ = [
+    "DEFAULT_MOPD_OBJECTIVE",
+    "DEFAULT_MOPD_TOPK",
+    "ENV_FIELDS",
+    "MOPD_OBJECTIVES",
+    "ClusterLayout",
+    "MopdObjective",
+    "MopdRunConfig",
+    "TrainRunConfig",
+]
+
+MopdObjective = Literal["sampled", "dense", "topk"]
+"""``--mopd-objective``: the sampled-token loss; the dense reverse KL over the vocabulary
+(:mod:`dressage.training.mopd_dense`, embedded trainer only); or the KL over the teacher's
+top-K support and a tail bucket (:mod:`dressage.training.mopd_topk`, both backends)."""
+MOPD_OBJECTIVES: tuple[MopdObjective, ...] = get_args(MopdObjective)
+DEFAULT_MOPD_OBJECTIVE: MopdObjective = "sampled"
+DEFAULT_MOPD_TOPK = 16
+"""K when ``--mopd-topk`` is not given (docs/mopd_objectives.md says why)."""
 
 
 class ClusterLayout(BaseModel):
@@ -85,6 +103,15 @@ class MopdRunConfig(ClusterLayout):
     seed: int = 1234
     rollout_seed: int = 42
     mopd_advantage_clip: float | None = Field(default=None, gt=0)
+    mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
+    """``--mopd-objective``; ``dense`` is refused here (embedded trainer only)."""
+    mopd_topk: int | None = None
+    """``--mopd-topk`` K of the ``topk`` objective; None: ``DEFAULT_MOPD_TOPK``. Checked with the
+    objective (:func:`dressage.config.mopd.slime_objective_problems`: at least 1, ``topk`` only)
+    and against the student's vocabulary, each refusal naming the flag."""
+    mopd_forward_kl_weight: float = 0.0
+    """``--mopd-forward-kl-weight``: the forward KL's share of ``topk``'s per-token loss, in
+    [0, 1] (checked with the objective)."""
 
     check_imports: bool = True
     """Import hooks, generate functions and reward modules here before launching."""

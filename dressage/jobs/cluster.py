@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.config.job import ClusterOptions, JobOptions, optimizer_batch
 from dressage.config.mopd import MOPD_HOOKS
-from dressage.config.run import ClusterLayout, MopdRunConfig, TrainRunConfig
+from dressage.config.run import ClusterLayout, MopdObjective, MopdRunConfig, TrainRunConfig
 from dressage.health import wait_healthy
 from dressage.launch.slime_command import layout_flags
 
@@ -124,6 +124,9 @@ def cluster_plan(
     partial_rollout: bool,
     num_steps_per_rollout: int,
     mopd_advantage_clip: float | None,
+    mopd_objective: MopdObjective,
+    mopd_topk: int | None,
+    mopd_forward_kl_weight: float,
     host: str,
     environ: Mapping[str, str],
     optimizer: Sequence[str] = (),
@@ -158,6 +161,9 @@ def cluster_plan(
             seed=run.seed,
             rollout_seed=run.seed,
             mopd_advantage_clip=mopd_advantage_clip,
+            mopd_objective=mopd_objective,
+            mopd_topk=mopd_topk,
+            mopd_forward_kl_weight=mopd_forward_kl_weight,
             **cluster.model_dump(include=set(ClusterLayout.model_fields) - {"extra_args"}),
             extra_args=[*optimizer, *cluster.extra_args, *tail],
         )

@@ -92,6 +92,7 @@ def job_args(
             "rewards_normalization": False,
             "mopd_advantage_clip": options.mopd_advantage_clip,
             "mopd_objective": options.mopd_objective,
+            "mopd_topk": options.mopd_topk,
             "mopd_forward_kl_weight": options.mopd_forward_kl_weight,
         }
     else:

@@ -36,7 +36,7 @@ import httpx
 from pydantic import ValidationError
 
 from dressage.config.env import env_secret, env_str
-from dressage.config.job import JobOptions, advanced_problems
+from dressage.config.job import DEFAULT_MOPD_TOPK, JobOptions, advanced_problems
 from dressage.config.mopd import (
     MopdConfigError,
     load_mopd_config,
@@ -102,6 +102,9 @@ def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
             partial_rollout=options.partial_rollout,
             num_steps_per_rollout=options.num_steps_per_rollout,
             mopd_advantage_clip=options.mopd_advantage_clip,
+            mopd_objective=options.mopd_objective,
+            mopd_topk=options.mopd_topk,
+            mopd_forward_kl_weight=options.mopd_forward_kl_weight,
             host=node_address(),
             environ=os.environ,
             optimizer=[*optimizer_flags(options), *grpo_loss_flags(options)],
@@ -110,6 +113,23 @@ def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
         return run_on_cluster(plan)
     except (MopdConfigError, ValueError) as exc:
         raise JobConfigError(str(exc)) from None
+
+
+def _check_topk_vocabulary(student: Path, k: int | None) -> None:
+    """Refuse a K beyond the student's vocabulary (the teachers share it) before training."""
+    from dressage.training.checkpoints import (
+        CheckpointError,
+        inspect_checkpoint,
+        mopd_topk_problems,
+    )
+
+    try:
+        info = inspect_checkpoint(student)
+    except CheckpointError as exc:
+        raise JobConfigError(f"student {student}: {exc}") from None
+    problems = mopd_topk_problems(info, DEFAULT_MOPD_TOPK if k is None else k)
+    if problems:
+        raise JobConfigError("; ".join(f"advanced.mopd_topk: {p.message}" for p in problems))
 
 
 def run_job(run_config: Path) -> dict[str, Any]:
@@ -143,6 +163,8 @@ def run_job(run_config: Path) -> dict[str, Any]:
         student = resolve_checkpoint(run.student)
     except (MopdConfigError, CheckpointNotBuiltError) as exc:  # never trained here
         raise JobConfigError(str(exc)) from None
+    if run.objective == "mopd" and options.mopd_objective == "topk":
+        _check_topk_vocabulary(student, options.mopd_topk)
     teachers: dict[str, str] = {}
     if run.objective == "mopd":
         teachers = {tid: t.load for tid, t in config.teachers.items()}

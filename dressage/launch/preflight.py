@@ -10,7 +10,10 @@ Three parts, usable one by one (the validation DAG runs them as separate tasks):
   functions and reward modules import, each dataset's reward task is registered, the
   ``runtime_env_keys`` are set here, dataset files exist;
 * :func:`checkpoint_problems`: the student and (for MOPD) every teacher checkpoint is present and
-  readable, with the student's architecture, tokenizer and vocabulary.
+  readable, with the student's architecture, tokenizer and vocabulary;
+* :func:`objective_problems`: the MOPD objective's settings on the backend that will run it
+  (``dense`` is embedded-only: on ``ray`` it names the memory it would need; ``topk`` beside
+  neither ``--allgather-cp`` nor a top-p below 1, its K within the student's vocabulary).
 
 This is the one check of a MOPD config: ``dressage mopd check CONFIG...`` runs :func:`preflight`,
 the training DAGs' ``validate`` task runs it, and ``dressage_validate`` runs its three parts as
@@ -18,6 +21,8 @@ three tasks. A ``tiny-sft:`` teacher that is not built yet is reported as not bu
 ``dressage assets``), never trained here::
 
     dressage mopd check configs/mopd/embedded.json [--student PATH] [--objective grpo] [--json]
+    dressage mopd check configs/mopd/embedded.json --backend ray --mopd-objective topk \\
+        --mopd-topk 16
 """
 
 from __future__ import annotations
@@ -31,13 +36,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dressage.config.mopd import (
+    OBJECTIVE_SLIME_OPTIONS,
     MopdConfig,
     MopdConfigError,
     Problem,
     load_mopd_config,
     mopd_args_defaults,
+    slime_objective_problems,
+    slime_options,
     validate_mopd_run,
 )
+from dressage.config.run import DEFAULT_MOPD_OBJECTIVE, DEFAULT_MOPD_TOPK, MOPD_OBJECTIVES
 from dressage.tiny.checkpoints import resolve_checkpoint
 
 __all__ = [
@@ -45,6 +54,7 @@ __all__ = [
     "DEFAULT_SKILL_FLOOR",
     "checkpoint_problems",
     "load_config",
+    "objective_problems",
     "preflight",
     "route_problems",
     "skill_findings",
@@ -115,9 +125,10 @@ def student_checkpoint(config: MopdConfig, student: str | None) -> str | None:
 
 
 def checkpoint_problems(
-    config: MopdConfig, *, student: str | None, objective: Objective
+    config: MopdConfig, *, student: str | None, objective: Objective, mopd_topk: int | None = None
 ) -> tuple[list[Problem], int | None]:
-    """(problems, vocabulary rows of the student) of the student and teacher checkpoints."""
+    """(problems, vocabulary rows of the student) of the student and teacher checkpoints;
+    ``mopd_topk``: a ``topk`` run's K, checked against the student's vocabulary."""
     from dressage.training.checkpoints import (
         CheckpointError,
         inspect_checkpoint,
@@ -131,7 +142,7 @@ def checkpoint_problems(
         ], None
     problems: list[Problem] = []
     if objective == "mopd":  # each checkpoint under its own subject, a teacher not built too
-        problems += validate_mopd_checkpoints(config, hf_checkpoint=chosen)
+        problems += validate_mopd_checkpoints(config, hf_checkpoint=chosen, mopd_topk=mopd_topk)
     try:
         info = inspect_checkpoint(resolve_checkpoint(chosen))
     except (CheckpointError, ValueError, OSError) as exc:
@@ -140,6 +151,34 @@ def checkpoint_problems(
         return problems, None
     size = info.vocab_rows or (info.tokenizer.size if info.tokenizer else None)
     return problems, size
+
+
+Backend = Literal["embedded", "ray"]
+
+
+def objective_problems(
+    *,
+    backend: Backend,
+    mopd_objective: str,
+    mopd_topk: int | None = None,
+    mopd_forward_kl_weight: float = 0.0,
+    extra_args: Sequence[str] = (),
+) -> list[Problem]:
+    """What the backend refuses of a MOPD objective's settings, one sentence each naming the
+    flags: on ``ray`` what slime's MOPD launch refuses
+    (:func:`dressage.config.mopd.slime_objective_problems`, with the slime flags of
+    ``extra_args``), on ``embedded`` the same less the refusal of ``dense``, which the embedded
+    trainer runs. K against the vocabulary is :func:`checkpoint_problems`'."""
+    args = argparse.Namespace(
+        mopd_objective=mopd_objective,
+        mopd_topk=mopd_topk,
+        mopd_forward_kl_weight=mopd_forward_kl_weight,
+        **slime_options(extra_args, OBJECTIVE_SLIME_OPTIONS),
+    )
+    problems = slime_objective_problems(args)
+    if backend == "embedded":  # only slime's actor refuses dense (by this subject)
+        problems = [p for p in problems if p.subject != "option --mopd-objective"]
+    return problems
 
 
 DEFAULT_SKILL_FLOOR = 0.9
@@ -207,7 +246,14 @@ def preflight(
     environ: Mapping[str, str] | None = None,
     skill_floor: float = DEFAULT_SKILL_FLOOR,
     require_skilled_teachers: bool = False,
+    backend: Backend = "embedded",
+    mopd_objective: str | None = None,
+    mopd_topk: int | None = None,
+    mopd_forward_kl_weight: float = 0.0,
 ) -> PreflightReport:
+    """Every check of a run of ``config_path``; with ``mopd_objective`` (a MOPD run) also the
+    objective's settings on ``backend`` (:func:`objective_problems`) and a ``topk`` K against
+    the student's vocabulary."""
     report = PreflightReport(config=config_path, objective=objective)
     config, report.problems = load_config(config_path)
     if config is None:
@@ -219,13 +265,24 @@ def preflight(
     problems, warnings = route_problems(config, environ=environ)
     if objective == "grpo":  # teachers are not used by GRPO; their warnings are noise
         warnings = [w for w in warnings if not w.subject.startswith("teacher")]
+    objective_found: list[Problem] = []
+    k = None
+    if objective == "mopd" and mopd_objective is not None:
+        objective_found = objective_problems(
+            backend=backend,
+            mopd_objective=mopd_objective,
+            mopd_topk=mopd_topk,
+            mopd_forward_kl_weight=mopd_forward_kl_weight,
+        )
+        if mopd_objective == "topk":
+            k = DEFAULT_MOPD_TOPK if mopd_topk is None else mopd_topk
     ckpt_problems, report.vocab_size = checkpoint_problems(
-        config, student=student, objective=objective
+        config, student=student, objective=objective, mopd_topk=k
     )
     skill_problems, skill_warnings = skill_findings(
         config, objective=objective, floor=skill_floor, required=require_skilled_teachers
     )
-    report.problems = problems + ckpt_problems + skill_problems
+    report.problems = problems + objective_found + ckpt_problems + skill_problems
     report.warnings = warnings + skill_warnings
     return report
 
@@ -239,6 +296,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("configs", nargs="+", metavar="CONFIG", help="MOPD config JSON file(s)")
     parser.add_argument("--student", default=None, help="student checkpoint (default: config's)")
     parser.add_argument("--objective", choices=["mopd", "grpo"], default="mopd")
+    parser.add_argument(
+        "--backend",
+        choices=["embedded", "ray"],
+        default="embedded",
+        help="where the run trains: embedded (one process) or ray (slime's Megatron actor); "
+        "decides which MOPD objectives are accepted (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mopd-objective",
+        choices=MOPD_OBJECTIVES,
+        default=None,
+        help=f"also check this MOPD objective's settings on --backend (the job's default: "
+        f"{DEFAULT_MOPD_OBJECTIVE})",
+    )
+    parser.add_argument("--mopd-topk", type=int, default=None, metavar="K", help="topk's K")
+    parser.add_argument(
+        "--mopd-forward-kl-weight", type=float, default=0.0, metavar="B", help="dense and topk"
+    )
     parser.add_argument(
         "--teacher-skill-floor",
         type=float,
@@ -267,6 +342,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             student=args.student,
             skill_floor=args.teacher_skill_floor,
             require_skilled_teachers=args.require_skilled_teachers,
+            backend=args.backend,
+            mopd_objective=args.mopd_objective,
+            mopd_topk=args.mopd_topk,
+            mopd_forward_kl_weight=args.mopd_forward_kl_weight,
         )
         failed |= not report.ok
         if args.json:

@@ -1,9 +1,11 @@
 """One builder from a MOPD run config to slime's command line, used by every launcher.
 
 It validates first and fails closed, listing every problem: the MOPD config, the options against
-the objective (one sample per prompt, one step per rollout, no KL/entropy/PPO ratio/OPD), hook
-imports, the forwarded environment, and every checkpoint (architecture, tokenizer, vocabulary).
-Then it emits ``python -m dressage.training.mopd_train`` with every flag. Secrets (the config's
+the objective (one sample per prompt, one step per rollout, no KL/entropy/PPO ratio/OPD), the
+MOPD objective's settings (``dense`` is embedded-only; ``topk`` beside neither ``--allgather-cp``
+nor a ``--rollout-top-p`` below 1, its K within the student's vocabulary), hook imports, the
+forwarded environment, and every checkpoint (architecture, tokenizer, vocabulary). Then it emits
+``python -m dressage.training.mopd_train`` with every flag. Secrets (the config's
 ``runtime_env_keys``, ``WANDB_API_KEY``) go into the Ray runtime environment, never into argv::
 
     python -m dressage.launch.slime_command --mopd-config configs/mopd/embedded.json \\
@@ -34,13 +36,16 @@ from typing import Any
 
 from dressage.config.mopd import (
     MOPD_HOOKS,
+    OBJECTIVE_SLIME_OPTIONS,
     MopdConfig,
     MopdConfigError,
     Problem,
     load_mopd_config,
+    slime_objective_problems,
+    slime_options,
     validate_mopd_run,
 )
-from dressage.config.run import ClusterLayout, MopdRunConfig
+from dressage.config.run import DEFAULT_MOPD_TOPK, ClusterLayout, MopdRunConfig
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 from dressage.tiny.checkpoints import resolve_checkpoint
 
@@ -66,6 +71,10 @@ _CONTRADICTING: tuple[tuple[str, str, Any], ...] = (
     ("--normalize-advantages", "normalize_advantages", "store_true"),
     ("--advantage-estimator", "advantage_estimator", str),
     ("--disable-compute-advantages-and-returns", "compute_advantages_and_returns", "store_false"),
+)
+# The objective's flags: set by the run config's fields only, never by extra_args.
+_OBJECTIVE_FLAGS = frozenset(
+    {"--mopd-advantage-clip", "--mopd-objective", "--mopd-topk", "--mopd-forward-kl-weight"}
 )
 _SECRET_WORDS = ("key", "token", "secret", "password")
 
@@ -119,13 +128,20 @@ def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = No
     if step is None and student is not None:
         step = student.ckpt_step
     base = _argv(run, config, out, hf or "", ref, step)
-    problems += _extra_arg_problems(run.extra_args, owned=_flags_in(base))
+    problems += _extra_arg_problems(run.extra_args, owned=_flags_in(base) | _OBJECTIVE_FLAGS)
     argv = base + list(run.extra_args)
-    report = validate_mopd_run(
-        config, _args_view(run, argv), check_imports=run.check_imports, environ=env
-    )
+    view = _args_view(run, argv)
+    report = validate_mopd_run(config, view, check_imports=run.check_imports, environ=env)
     problems += report.problems
-    problems += validate_mopd_checkpoints(config, hf_checkpoint=hf, ref_load=ref, ckpt_step=step)
+    problems += slime_objective_problems(view)
+    k = DEFAULT_MOPD_TOPK if run.mopd_topk is None else run.mopd_topk
+    problems += validate_mopd_checkpoints(
+        config,
+        hf_checkpoint=hf,
+        ref_load=ref,
+        ckpt_step=step,
+        mopd_topk=k if run.mopd_objective == "topk" else None,
+    )
     problems += _wandb_problems(run, env)
     if problems:
         raise MopdConfigError(problems, source=f"MOPD launch of {run.mopd_config}")
@@ -161,6 +177,11 @@ def _argv(
     argv += ["--mopd-metrics-dir", str(out / "metrics")]
     if run.mopd_advantage_clip is not None:
         argv += ["--mopd-advantage-clip", str(run.mopd_advantage_clip)]
+    argv += ["--mopd-objective", run.mopd_objective]
+    if run.mopd_topk is not None:
+        argv += ["--mopd-topk", str(run.mopd_topk)]
+    if run.mopd_forward_kl_weight:
+        argv += ["--mopd-forward-kl-weight", str(run.mopd_forward_kl_weight)]
     argv += ["--hf-checkpoint", hf]
     if ref:
         argv += ["--ref-load", ref]
@@ -227,22 +248,18 @@ def _extra_arg_problems(extra: Sequence[str], *, owned: set[str]) -> list[Proble
 
 def _args_view(run: MopdRunConfig, argv: Sequence[str]) -> SimpleNamespace:
     """What slime's parser would make of the options the checks care about."""
-    parser = argparse.ArgumentParser(add_help=False)
-    for flag, dest, kind in _CONTRADICTING:
-        if isinstance(kind, str):
-            parser.add_argument(flag, dest=dest, action=kind, default=None)
-        else:
-            parser.add_argument(flag, dest=dest, type=kind, default=None)
-    parsed, _ = parser.parse_known_args(list(run.extra_args))
+    view = slime_options(run.extra_args, (*_CONTRADICTING, *OBJECTIVE_SLIME_OPTIONS))
     # argv is our own: the last value of a repeated flag wins, as in argparse.
     owned = dict(zip(argv, argv[1:], strict=False))
-    view = {k: v for k, v in vars(parsed).items() if v is not None}
     view.update(
         n_samples_per_prompt=run.n_samples_per_prompt,
         rollout_batch_size=run.rollout_batch_size,
         global_batch_size=int(owned["--global-batch-size"]),
         loss_type=owned["--loss-type"],
         rewards_normalization="--disable-rewards-normalization" not in argv,
+        mopd_objective=run.mopd_objective,
+        mopd_topk=run.mopd_topk,
+        mopd_forward_kl_weight=run.mopd_forward_kl_weight,
     )
     for attr in MOPD_HOOKS:
         flag = "--" + attr.replace("_", "-")

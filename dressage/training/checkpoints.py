@@ -37,8 +37,10 @@ __all__ = [
     "TokenizerFingerprint",
     "check_checkpoints_compatible",
     "inspect_checkpoint",
+    "mopd_topk_problems",
     "tokenizer_fingerprint",
     "validate_mopd_checkpoints",
+    "vocab_size",
 ]
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -426,16 +428,40 @@ def _shape_diff(
     return out + ([f"... {hidden} more"] if hidden > 0 else [])
 
 
+def vocab_size(info: CheckpointInfo) -> int | None:
+    """The model's vocabulary: ``vocab_size`` of a Hugging Face ``config.json``, else the
+    embedding's rows (None when neither is known)."""
+    size = info.architecture.get("vocab_size")
+    return size if isinstance(size, int) else info.vocab_rows
+
+
+def mopd_topk_problems(student: CheckpointInfo, k: int) -> list[Problem]:
+    """``--mopd-topk`` ``k`` against the student's vocabulary (a teacher shares it): [] when the
+    vocabulary has at least ``k`` tokens or is unknown."""
+    size = vocab_size(student)
+    if size is None or k <= size:
+        return []
+    return [
+        Problem(
+            "option --mopd-topk",
+            f"--mopd-topk {k} exceeds the student's vocabulary of {size} tokens (vocab_size of "
+            f"{student.path}): a position has no more tokens to keep",
+        )
+    ]
+
+
 def validate_mopd_checkpoints(
     config: MopdConfig,
     *,
     hf_checkpoint: str | None = None,
     ref_load: str | None = None,
     ckpt_step: int | None = None,
+    mopd_topk: int | None = None,
 ) -> list[Problem]:
     """Inspect and compare the student and every teacher of ``config``; [] when all is well.
 
     The student comes from the keyword arguments when given, else from ``config.student``.
+    ``mopd_topk``: the K of a ``topk`` run, checked against the student's vocabulary.
     """
     student_spec = config.student
     hf = hf_checkpoint or (student_spec.hf_checkpoint if student_spec else None)
@@ -457,6 +483,8 @@ def validate_mopd_checkpoints(
             teachers[tid] = found
     if student is not None:
         problems += check_checkpoints_compatible(student, teachers, student_weights=weights)
+        if mopd_topk is not None:
+            problems += mopd_topk_problems(student, mopd_topk)
     return problems
 
 

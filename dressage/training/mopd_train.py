@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from dressage.config.env import env_str
-from dressage.config.job import DEFAULT_MOPD_OBJECTIVE, MOPD_OBJECTIVES
+from dressage.config.job import DEFAULT_MOPD_OBJECTIVE, DEFAULT_MOPD_TOPK, MOPD_OBJECTIVES
 from dressage.config.mopd import (
     MOPD_HOOKS,
     MopdConfigError,
     load_mopd_config,
+    slime_objective_problems,
     validate_mopd_run,
 )
 from dressage.slime.args import add_dressage_arguments
@@ -102,9 +103,25 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--mopd-objective",
         choices=MOPD_OBJECTIVES,
         default=DEFAULT_MOPD_OBJECTIVE,
-        help="sampled: -A_t log pi(y_t); dense: the reverse KL to the teacher over the whole "
-        "vocabulary (embedded trainer only for now; the slime actor refuses it) "
-        "(default: %(default)s)",
+        help="sampled: -A_t log pi(y_t) at the sampled token; dense: the KL to the teacher over "
+        "the whole vocabulary (embedded trainer only: refused here); topk: the KL over the "
+        "teacher's top-K tokens, the sampled token and a tail bucket (default: %(default)s)",
+    )
+    group.add_argument(
+        "--mopd-topk",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"topk only: the teacher's K most likely tokens kept a position, at least 1 and at "
+        f"most the vocabulary (default: {DEFAULT_MOPD_TOPK})",
+    )
+    group.add_argument(
+        "--mopd-forward-kl-weight",
+        type=_unit_interval,
+        default=0.0,
+        metavar="B",
+        help="dense and topk: the forward KL's share of each token's loss, in [0, 1]; the rest "
+        "is the reverse KL (default: %(default)s)",
     )
     group.add_argument(
         "--dressage-proxy-url",
@@ -119,6 +136,13 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     add_dressage_arguments(group)
     return parser
+
+
+def _unit_interval(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value
 
 
 def parse_mopd_args(argv: Sequence[str] | None = None) -> Any:
@@ -136,16 +160,22 @@ def parse_mopd_args(argv: Sequence[str] | None = None) -> Any:
 
 def check_config_and_checkpoints(args: Any) -> None:
     """Fail before any actor exists: the MOPD config against the parsed options (hooks import,
-    environment set), and the student and teacher checkpoints the config and ``args`` name."""
+    environment set), the objective against slime's options (``dense`` is embedded-only, what
+    ``topk`` cannot run with), and the student and teacher checkpoints the config and ``args``
+    name (with ``topk``, K against the student's vocabulary)."""
     from dressage.training.checkpoints import validate_mopd_checkpoints
 
     config = load_mopd_config(args.mopd_config)
     report = validate_mopd_run(config, args)
+    report.problems += slime_objective_problems(args)
+    k = getattr(args, "mopd_topk", None)
+    topk = DEFAULT_MOPD_TOPK if k is None else k
     report.problems += validate_mopd_checkpoints(
         config,
         hf_checkpoint=getattr(args, "hf_checkpoint", None),
         ref_load=getattr(args, "ref_load", None),
         ckpt_step=getattr(args, "ref_ckpt_step", None),
+        mopd_topk=topk if getattr(args, "mopd_objective", None) == "topk" else None,
     )
     report.raise_if_failed("MOPD run")
 

@@ -117,6 +117,40 @@ def test_job_settings_the_job_would_refuse_are_one_sentence_each(
     ]
     (refused,) = job_settings_problems(plan("mopd", kl_loss_coef=0.1))
     assert refused.startswith("More job settings (extra): kl_loss_coef 0.1 is GRPO-only")
+    (refused,) = job_settings_problems(plan("mopd", mopd_topk=8))
+    assert "mopd_topk 8 needs mopd_objective 'topk' (got 'sampled')" in refused
     # another job module reads advanced its own way
     monkeypatch.setenv("DRESSAGE_JOB_MODULE", "tests.airflow.contract_job")
     assert job_settings_problems(plan("grpo", contract_job={"fail_at_step": 1})) == []
+
+
+def test_the_mopd_objective_on_the_ray_backend_is_checked_when_the_run_is_planned(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dressage.airflow.plan import RunPlan
+    from dressage.airflow.tasks import job_settings_problems
+
+    monkeypatch.delenv("DRESSAGE_JOB_MODULE", raising=False)
+
+    def problems(**extra: Any) -> list[str]:
+        params = {**GOOD, "mopd_config": "configs/mopd/embedded.json", "student": None}
+        params |= {"run_root": str(tmp_path), "extra": extra, "backend": "ray"}
+        params |= {"ray_address": "http://head:8265"}
+        plan = RunPlan.from_params(
+            params, dag_id="d", run_id="r", objective="mopd", project_dir=tmp_path
+        )
+        return job_settings_problems(plan)
+
+    assert problems(mopd_objective="topk", mopd_topk=32, mopd_forward_kl_weight=0.5) == []
+    (dense,) = problems(mopd_objective="dense")
+    assert dense.startswith("More job settings (extra): --mopd-objective dense is embedded-only")
+    assert "about 8 GB a sample of 8k tokens" in dense and "use --mopd-objective topk" in dense
+    cluster = {"extra_args": ["--allgather-cp", "--rollout-top-p", "0.9"]}
+    assert problems(mopd_objective="topk", cluster=cluster) == [
+        "More job settings (extra): --mopd-objective topk cannot run with --allgather-cp: its "
+        "teacher support and loss follow slime's zigzag context-parallel layout, which "
+        "--allgather-cp replaces with another; drop --allgather-cp",
+        "More job settings (extra): --mopd-objective topk cannot run with --rollout-top-p 0.9 "
+        "(below 1): slime's top-p replay masks the log-probs outside the rollout's nucleus, the "
+        "log-probs the teacher's top-K support and tail are built from; use --rollout-top-p 1",
+    ]

@@ -13,9 +13,12 @@ import pytest
 
 from dressage.config.mopd import (
     MOPD_HOOKS,
+    OBJECTIVE_SLIME_OPTIONS,
     MopdConfigError,
     load_mopd_config,
     mopd_args_defaults,
+    slime_objective_problems,
+    slime_options,
     validate_mopd_run,
 )
 from dressage.tiny.checkpoints import resolve_checkpoint
@@ -253,6 +256,78 @@ def test_matching_batch_sizes_are_one_step(tmp_path: Path) -> None:
     config = load_mopd_config(_write(tmp_path, _config()))
     args = mopd_args_defaults(rollout_batch_size=32, global_batch_size=32)
     assert validate_mopd_run(config, args, check_imports=False, check_paths=False).ok
+
+
+# -- the MOPD objective on slime --------------------------------------------------------------
+
+
+def test_sampled_and_topk_are_slimes_objectives() -> None:
+    assert slime_objective_problems(SimpleNamespace()) == []
+    topk = SimpleNamespace(
+        mopd_objective="topk",
+        mopd_topk=16,
+        mopd_forward_kl_weight=0.5,
+        allgather_cp=False,
+        rollout_top_p=1.0,
+    )
+    assert slime_objective_problems(topk) == []
+
+
+OBJECTIVE_REFUSALS = [
+    ({"mopd_objective": "dense"}, "--mopd-objective", "V x 4 bytes a token (about 8 GB a sample"),
+    ({"mopd_objective": "topk", "mopd_topk": 0}, "--mopd-topk", "--mopd-topk 0 is below 1"),
+    ({"mopd_topk": 8}, "--mopd-topk", "--mopd-topk 8 needs --mopd-objective topk"),
+    (
+        {"mopd_objective": "topk", "mopd_forward_kl_weight": 1.5},
+        "--mopd-forward-kl-weight",
+        "--mopd-forward-kl-weight 1.5 is outside [0, 1]",
+    ),
+    (
+        {"mopd_forward_kl_weight": 0.5},
+        "--mopd-forward-kl-weight",
+        "--mopd-forward-kl-weight 0.5 needs --mopd-objective dense or topk",
+    ),
+    (
+        {"mopd_objective": "topk", "allgather_cp": True},
+        "--allgather-cp",
+        "--mopd-objective topk cannot run with --allgather-cp",
+    ),
+    (
+        {"mopd_objective": "topk", "rollout_top_p": 0.9},
+        "--rollout-top-p",
+        "--mopd-objective topk cannot run with --rollout-top-p 0.9 (below 1)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "flag", "sentence"), OBJECTIVE_REFUSALS)
+def test_what_slime_cannot_train_of_the_objective_is_one_sentence_naming_the_flag(
+    values: dict[str, Any], flag: str, sentence: str
+) -> None:
+    (problem,) = slime_objective_problems(SimpleNamespace(**values))
+    assert problem.subject == f"option {flag}"
+    assert sentence in problem.message and problem.message.count(". ") == 0  # one sentence
+
+
+def test_dense_on_slime_names_its_memory_and_points_to_topk() -> None:
+    (problem,) = slime_objective_problems(SimpleNamespace(mopd_objective="dense"))
+    assert "embedded-only" in problem.message and "full log-softmax" in problem.message
+    assert "248,320-entry vocabulary" in problem.message
+    assert "use --mopd-objective topk" in problem.message
+
+
+def test_top_p_and_allgather_cp_stop_only_topk() -> None:
+    others = {"allgather_cp": True, "rollout_top_p": 0.9}
+    assert slime_objective_problems(SimpleNamespace(mopd_objective="sampled", **others)) == []
+
+
+def test_slime_options_reads_flags_as_slimes_parser_would() -> None:
+    argv = ["--lr", "1e-6", "--rollout-top-p", "0.9", "--allgather-cp", "--rollout-top-p=0.8"]
+    assert slime_options(argv, OBJECTIVE_SLIME_OPTIONS) == {
+        "allgather_cp": True,
+        "rollout_top_p": 0.8,  # the last of a repeated flag, as in argparse
+    }
+    assert slime_options(["--num-layers", "2"], OBJECTIVE_SLIME_OPTIONS) == {}
 
 
 # -- imports, paths and the forwarded environment ---------------------------------------------

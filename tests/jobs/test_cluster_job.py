@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dressage.config.job import ClusterOptions, JobOptions
-from dressage.config.mopd import MOPD_HOOKS
+from dressage.config.mopd import MOPD_HOOKS, MopdConfigError
 from dressage.config.run import TrainRunConfig
 from dressage.jobs.cluster import cluster_plan, grpo_loss_flags, optimizer_flags, rollout_flags
 from dressage.jobs.train import main
@@ -56,6 +56,9 @@ def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-de
         partial_rollout=True,
         num_steps_per_rollout=options.num_steps_per_rollout,
         mopd_advantage_clip=None,
+        mopd_objective=options.mopd_objective,
+        mopd_topk=options.mopd_topk,
+        mopd_forward_kl_weight=options.mopd_forward_kl_weight,
         host="10.0.0.7",
         environ={},
         optimizer=[
@@ -140,6 +143,21 @@ def test_grpos_kl_and_entropy_terms_and_group_filter_reach_slime(tmp_path: Path)
     assert _value(plan.argv, "--entropy-coef") == "0.001"
     plain = _plan(_run(tmp_path, objective="grpo"))
     assert not {"--use-kl-loss", "--kl-loss-coef", "--entropy-coef"} & set(plain.argv)
+
+
+def test_the_mopd_objective_and_its_top_k_reach_slime(tmp_path: Path) -> None:
+    assert _value(_plan(_run(tmp_path)).argv, "--mopd-objective") == "sampled"
+    run = _run(tmp_path, mopd_objective="topk", mopd_topk=8, mopd_forward_kl_weight=0.5)
+    plan = _plan(run)
+    assert _value(plan.argv, "--mopd-objective") == "topk"
+    assert _value(plan.argv, "--mopd-topk") == "8"
+    assert _value(plan.argv, "--mopd-forward-kl-weight") == "0.5"
+
+
+def test_topk_beside_allgather_cp_is_refused_before_slime_starts(tmp_path: Path) -> None:
+    run = _run(tmp_path, mopd_objective="topk")
+    with pytest.raises(MopdConfigError, match="option --allgather-cp: --mopd-objective topk"):
+        _plan(run, extra_args=["--allgather-cp"])
 
 
 def test_the_entrypoint_serves_the_proxy_while_slime_runs_and_stops_it_after(

@@ -30,7 +30,7 @@ def _run(tmp_path: Path, **advanced: object) -> TrainRunConfig:
     )
 
 
-@pytest.mark.parametrize("objective", ["sampled", "dense"])
+@pytest.mark.parametrize("objective", ["sampled", "dense", "topk"])
 def test_the_mopd_objective_reaches_the_trainer(tmp_path: Path, objective: str) -> None:
     run = _run(tmp_path, mopd_objective=objective)
     options = JobOptions.model_validate(run.advanced)
@@ -40,18 +40,55 @@ def test_the_mopd_objective_reaches_the_trainer(tmp_path: Path, objective: str) 
 
 def test_the_default_objective_is_sampled(tmp_path: Path) -> None:
     args = job_args(_run(tmp_path), JobOptions.model_validate({}), student=tmp_path, admin_key=None)
-    assert args.mopd_objective == "sampled"
+    assert args.mopd_objective == "sampled" and args.mopd_topk is None
+
+
+def test_the_top_k_reaches_the_trainer(tmp_path: Path) -> None:
+    run = _run(tmp_path, mopd_objective="topk", mopd_topk=8, mopd_forward_kl_weight=0.5)
+    args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
+    assert (args.mopd_objective, args.mopd_topk, args.mopd_forward_kl_weight) == ("topk", 8, 0.5)
+
+
+def _ray(run: TrainRunConfig) -> TrainRunConfig:
+    return run.model_copy(update={"backend": "ray", "engine_url": None, "proxy_url": None})
 
 
 def test_dense_on_the_ray_backend_is_refused_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = _run(tmp_path, mopd_objective="dense").model_copy(
-        update={"backend": "ray", "engine_url": None, "proxy_url": None}
-    )
+    run = _ray(_run(tmp_path, mopd_objective="dense"))
     assert main(["--run-config", str(run.write(tmp_path / "run.json"))]) == 2
-    assert "advanced.mopd_objective 'dense' is embedded-only" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--mopd-objective dense is embedded-only: it keeps the teacher's full log-softmax" in err
+    assert "about 8 GB a sample of 8k tokens" in err and "use --mopd-objective topk" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_topk_on_the_ray_backend_is_refused_only_beside_what_it_cannot_run_with(
+    tmp_path: Path,
+) -> None:
+    from dressage.config.job import advanced_problems
+
+    assert advanced_problems(_ray(_run(tmp_path, mopd_objective="topk", mopd_topk=8))) == []
+    extra = ["--allgather-cp", "--rollout-top-p", "0.9"]
+    cluster = {"extra_args": extra}
+    refused = advanced_problems(_ray(_run(tmp_path, mopd_objective="topk", cluster=cluster)))
+    assert [p.split(":", 1)[0] for p in refused] == [
+        "--mopd-objective topk cannot run with --allgather-cp",
+        "--mopd-objective topk cannot run with --rollout-top-p 0.9 (below 1)",
+    ]
+    assert advanced_problems(_ray(_run(tmp_path, cluster=cluster))) == []  # sampled runs
+    embedded = _run(tmp_path, mopd_objective="topk", cluster=cluster)
+    assert advanced_problems(embedded) == []  # cluster options are the ray backend's
+
+
+def test_a_top_k_without_topk_or_below_one_is_refused_naming_the_option(tmp_path: Path) -> None:
+    from dressage.config.job import advanced_problems
+
+    (refused,) = advanced_problems(_run(tmp_path, mopd_objective="dense", mopd_topk=8))
+    assert "mopd_topk 8 needs mopd_objective 'topk' (got 'dense')" in refused
+    (refused,) = advanced_problems(_run(tmp_path, mopd_objective="topk", mopd_topk=0))
+    assert refused.startswith("advanced.mopd_topk: Input should be greater than or equal to 1")
 
 
 def test_max_tokens_per_gpu_turns_on_slimes_dynamic_batching(tmp_path: Path) -> None:
@@ -153,3 +190,16 @@ def test_advanced_problems_are_every_sentence_the_job_would_refuse_with(tmp_path
         "advanced.kl_loss_coef",
         "advanced.num_steps_per_rollout",
     ]
+
+
+def test_the_embedded_job_refuses_a_top_k_beyond_the_students_vocabulary(tmp_path: Path) -> None:
+    from dressage.jobs.train import JobConfigError, _check_topk_vocabulary
+
+    student = tmp_path / "student"
+    student.mkdir()
+    (student / "config.json").write_text('{"model_type": "qwen3", "vocab_size": 12}')
+    _check_topk_vocabulary(student, 12)
+    with pytest.raises(JobConfigError, match=r"advanced\.mopd_topk: --mopd-topk 13 exceeds the "):
+        _check_topk_vocabulary(student, 13)
+    with pytest.raises(JobConfigError, match="--mopd-topk 16 exceeds the student's vocabulary"):
+        _check_topk_vocabulary(student, None)  # the default K

@@ -88,6 +88,19 @@ def test_the_command_carries_every_mopd_flag(tmp_path: Path) -> None:
     assert "--ref-load" not in argv  # the embedded student is an HF folder only
 
 
+def test_the_objective_and_its_settings_reach_the_driver(tmp_path: Path) -> None:
+    argv = build_mopd_command(_run(tmp_path), environ={})
+    assert _value(argv, "--mopd-objective") == "sampled"
+    assert "--mopd-topk" not in argv and "--mopd-forward-kl-weight" not in argv
+    run = _run(tmp_path, mopd_objective="topk", mopd_topk=8, mopd_forward_kl_weight=0.25)
+    argv = build_mopd_command(run, environ={})
+    assert _value(argv, "--mopd-objective") == "topk"
+    assert _value(argv, "--mopd-topk") == "8"
+    assert _value(argv, "--mopd-forward-kl-weight") == "0.25"
+    argv = build_mopd_command(_run(tmp_path, mopd_objective="topk"), environ={})
+    assert "--mopd-topk" not in argv  # the driver's default K
+
+
 def test_wandb_flags_only_when_enabled_and_the_key_stays_off_argv(tmp_path: Path) -> None:
     env = {"WANDB_API_KEY": "wb-secret-123"}
     run = _run(tmp_path, use_wandb=True, wandb_project="proj", wandb_group="grp")
@@ -183,6 +196,49 @@ def test_extra_args_may_not_override_or_contradict_or_carry_secrets(tmp_path: Pa
     assert "--lr" not in message
 
 
+def test_dense_is_refused_naming_its_memory_and_topk(tmp_path: Path) -> None:
+    message = _problems(tmp_path, mopd_objective="dense")
+    assert "option --mopd-objective: --mopd-objective dense is embedded-only" in message
+    assert "V x 4 bytes a token (about 8 GB a sample of 8k tokens" in message
+    assert "use --mopd-objective topk" in message
+
+
+def test_a_topk_below_one_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    message = _problems(tmp_path, mopd_objective="topk", mopd_topk=0)
+    assert "option --mopd-topk: --mopd-topk 0 is below 1" in message
+
+
+def test_a_topk_beyond_the_students_vocabulary_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    config = json.loads((Path(_checkpoint("student")) / "config.json").read_text())
+    size = config.get("text_config", config)["vocab_size"]
+    build_mopd_job(_run(tmp_path, mopd_objective="topk", mopd_topk=size), environ={})
+    message = _problems(tmp_path, mopd_objective="topk", mopd_topk=size + 1)
+    assert (
+        f"option --mopd-topk: --mopd-topk {size + 1} exceeds the student's vocabulary of {size} "
+        "tokens"
+    ) in message
+
+
+def test_topk_is_refused_beside_allgather_cp_and_a_rollout_top_p_below_one(
+    tmp_path: Path,
+) -> None:
+    extra = ["--allgather-cp", "--rollout-top-p", "0.95"]
+    message = _problems(tmp_path, mopd_objective="topk", extra_args=extra)
+    assert "option --allgather-cp: --mopd-objective topk cannot run with --allgather-cp" in message
+    assert (
+        "option --rollout-top-p: --mopd-objective topk cannot run with --rollout-top-p 0.95"
+    ) in message
+    build_mopd_job(_run(tmp_path, extra_args=extra), environ={})  # sampled runs with both
+
+
+def test_the_objective_flags_come_from_the_run_config_not_extra_args(tmp_path: Path) -> None:
+    message = _problems(tmp_path, extra_args=["--mopd-topk", "4", "--mopd-objective", "topk"])
+    assert "option --mopd-topk: set by the run config" in message
+    assert "option --mopd-objective: set by the run config" in message
+    message = _problems(tmp_path, mopd_topk=4)
+    assert "option --mopd-topk: --mopd-topk 4 needs --mopd-objective topk" in message
+
+
 def test_runtime_env_keys_are_forwarded_not_printed(tmp_path: Path) -> None:
     config = json.loads(Path(EMBEDDED).read_text())
     config["runtime_env_keys"] = ["SEARCH_API_KEY"]
@@ -236,6 +292,13 @@ def test_cli_dry_run_prints_the_command(
     assert not (tmp_path / "runtime_env.json").exists()  # a dry run writes nothing
     assert main([*argv, "--n-samples-per-prompt", "2"]) == 2
     assert "--n-samples-per-prompt" in capsys.readouterr().err
+    topk = ["--mopd-objective", "topk", "--mopd-topk", "4", "--mopd-forward-kl-weight", "0.5"]
+    assert main([*argv, *topk, "--dry-run"]) == 0
+    printed = shlex.split(capsys.readouterr().out)
+    assert _value(printed, "--mopd-topk") == "4"
+    assert _value(printed, "--mopd-forward-kl-weight") == "0.5"
+    assert main([*argv, "--mopd-objective", "topk", "--mopd-topk", "0"]) == 2
+    assert "option --mopd-topk: --mopd-topk 0 is below 1" in capsys.readouterr().err
 
 
 def _launcher(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -17,8 +17,10 @@ from dressage.training.checkpoints import (
     CheckpointError,
     check_checkpoints_compatible,
     inspect_checkpoint,
+    mopd_topk_problems,
     tokenizer_fingerprint,
     validate_mopd_checkpoints,
+    vocab_size,
 )
 from tests.helpers import REPO, free_port
 
@@ -88,6 +90,20 @@ def test_other_hidden_size_is_named() -> None:
     text = _messages(problems)
     assert "hidden_size 32 != student's 64" in text
     assert "model.embed_tokens.weight (248128, 32) vs (248128, 64)" in text
+
+
+def test_a_top_k_beyond_the_students_vocabulary_is_named() -> None:
+    info = inspect_checkpoint(tiny_model_dir())
+    assert vocab_size(info) == QWEN35_ROWS  # config.json's vocab_size
+    assert mopd_topk_problems(info, QWEN35_ROWS) == []
+    (problem,) = mopd_topk_problems(info, QWEN35_ROWS + 1)
+    assert str(problem).startswith(
+        f"option --mopd-topk: --mopd-topk {QWEN35_ROWS + 1} exceeds the student's vocabulary of "
+        f"{QWEN35_ROWS} tokens"
+    )
+    config = _config("tiny:seed=0", {"calc": {"load": "tiny:seed=1"}})
+    assert validate_mopd_checkpoints(config, mopd_topk=16) == []
+    assert validate_mopd_checkpoints(config, mopd_topk=QWEN35_ROWS + 1) == [problem]
 
 
 def test_missing_teacher_folder_is_named(tmp_path: Path) -> None:

@@ -175,6 +175,8 @@ OWN_FLAGS = {
     "--mopd-config",
     "--mopd-advantage-clip",
     "--mopd-objective",
+    "--mopd-topk",
+    "--mopd-forward-kl-weight",
     "--mopd-metrics-dir",
     "--dressage-proxy-url",
 }
@@ -199,11 +201,15 @@ def test_every_built_flag_is_slimes_megatrons_or_ours(
         mopd_config=str(REPO / "configs/mopd/embedded.json"),
         output_dir="/tmp/dressage-contract-run",
         mopd_advantage_clip=3.0,
+        mopd_objective="topk",
+        mopd_topk=8,
+        mopd_forward_kl_weight=0.5,
         check_imports=False,
         **layout,
     )
     argv = build_mopd_command(run, environ={"WANDB_API_KEY": "k"})
     flags = {a.split("=")[0] for a in argv if a.startswith("--")}
+    assert {"--mopd-objective", "--mopd-topk", "--mopd-forward-kl-weight"} <= flags
     known = set(contract()["flags"]["slime"]) | set(contract()["flags"]["megatron"]) | OWN_FLAGS
     assert flags - known == set()
 

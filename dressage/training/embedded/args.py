@@ -75,6 +75,7 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "opd_teacher_load": None,
     "mopd_advantage_clip": None,
     "mopd_objective": "sampled",  # --mopd-objective (dressage.training.mopd_dense)
+    "mopd_topk": None,  # --mopd-topk K of topk (None: dressage.training.mopd_topk's default)
     "mopd_forward_kl_weight": 0.0,  # the dense loss's forward-KL share (JobOptions)
     "log_prob_function_path": None,
 }
