@@ -22,6 +22,8 @@ __all__ = [
     "HELDOUT_KL_PREFIX",
     "REVERSE_KL",
     "REWARD",
+    "TOPK_STUDENT_TAIL",
+    "TOPK_TEACHER_TAIL",
     "Family",
     "RunSummary",
     "TaskAccuracy",
@@ -70,6 +72,19 @@ ACCURACY = Family(
 )
 """Per task (:mod:`dressage.training.embedded.evaluation`); the record of step ``-1`` is the
 measurement before training."""
+
+TOPK_TEACHER_TAIL = Family(
+    "teacher mass outside the top-k support",
+    per_teacher=(),
+    overall=("train/mopd_topk_teacher_tail_mass",),
+)
+TOPK_STUDENT_TAIL = Family(
+    "student mass outside the top-k support",
+    per_teacher=(),
+    overall=("train/mopd_topk_student_tail_mass",),
+)
+"""With ``--mopd-objective topk``: how much of each distribution the support leaves in its tail
+bucket (:mod:`dressage.training.mopd_topk`), per training step."""
 
 Series = dict[str, list[tuple[int, float]]]
 ALL_TEACHERS = "all"

@@ -37,6 +37,7 @@ from dressage.training.megatron_path import megatron_active, slime_response_log_
 __all__ = [
     "LogProbFunction",
     "causal_lm_packed_logits",
+    "causal_lm_response_hidden",
     "causal_lm_response_log_probs",
     "causal_lm_response_log_softmax",
     "chunk_rows",
@@ -266,7 +267,9 @@ def causal_lm_response_log_probs(
     The output embeddings run over chunks of response positions only; prompt positions never
     reach the vocabulary projection. Call under ``torch.no_grad()`` for scoring.
     """
-    h, target, head = _response_hidden(model, tokens, response_lengths, input_embeddings)
+    h, target, head = causal_lm_response_hidden(
+        model, tokens, response_lengths, input_embeddings=input_embeddings
+    )
     chunk = chunk_rows(int(cast(Tensor, head.weight).shape[0]), chunk_tokens, h.device)
     out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
     for s in range(0, h.shape[0], chunk):
@@ -292,7 +295,9 @@ def causal_lm_response_log_softmax(
     objective's teacher, :mod:`dressage.training.mopd_dense`); the output holds ``sum R_i x V``
     floats, so keep it to small vocabularies. Call under ``torch.no_grad()``.
     """
-    h, _, head = _response_hidden(model, tokens, response_lengths, input_embeddings)
+    h, _, head = causal_lm_response_hidden(
+        model, tokens, response_lengths, input_embeddings=input_embeddings
+    )
     vocab = int(cast(Tensor, head.weight).shape[0])
     chunk = chunk_rows(vocab, chunk_tokens, h.device)
     out = torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device)
@@ -301,14 +306,16 @@ def causal_lm_response_log_softmax(
     return list(out.split([int(r) for r in response_lengths]))
 
 
-def _response_hidden(
+def causal_lm_response_hidden(
     model: nn.Module,
     tokens: Sequence[Tensor],
     response_lengths: Sequence[int],
-    input_embeddings: Callable[[Tensor], Tensor] | None,
+    *,
+    input_embeddings: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, nn.Module]:
     """Hidden states that predict the response tokens ``[sum R_i, H]``, those tokens
-    ``[sum R_i]`` (on the same device) and the output embedding module."""
+    ``[sum R_i]`` (on the same device) and the output embedding module, samples in order: what
+    a scoring pass applies the vocabulary projection to, a chunk of rows at a time."""
     hidden = (
         shared_prefix_hidden(model, tokens)
         if input_embeddings is None

@@ -22,9 +22,16 @@ The driver (dressage.training.mopd_train) hands it to slime with
   rollout logging): drops the ``prompt`` slot, whose teacher-id strings slime's logging would
   try to average, after running the user's own postprocess hook, if any.
 
-It scores teachers at the sampled tokens only, so ``--mopd-objective dense`` (the teacher's whole
-distribution at every response position, :mod:`dressage.training.mopd_dense`) is refused at
-``init``, before slime builds anything: it is embedded-only for now.
+With ``--mopd-objective topk`` (:mod:`dressage.training.mopd_topk`) each teacher's pass is slime's
+own ``forward_only`` with :func:`dressage.training.topk_teacher_pass.log_probs_and_support` as
+its post-forward function, over the same micro-batches: besides slime's sampled-token
+log-probs it keeps the teacher's top-K support at every response position (``2K + 1`` values a
+token, on the rank's vocabulary shard and context-parallel slice), hung on each sample's
+``teacher_log_probs`` tensor, which carries it to the loss hook; the support's own keys never
+enter ``rollout_data``. ``--mopd-objective dense`` (the teacher's full log-softmax at every
+response token, ``V x 4`` bytes a token, :mod:`dressage.training.mopd_dense`) is refused, and so
+is ``topk`` with ``--allgather-cp`` or ``--rollout-top-p`` below 1, at ``init``, before slime
+builds anything (:func:`refuse_unsupported_objective`).
 
 If slime ran no log-prob pass at all, the step fails (the advantage hook finds no teacher
 log-probs). Under ``--use-routing-replay`` the teacher passes run with
@@ -255,16 +262,21 @@ def log_teacher_metrics(args: Any, rollout_id: int) -> dict[str, float]:
 
 
 def refuse_unsupported_objective(args: Any) -> None:
-    """Fail unless ``--mopd-objective`` is one this actor trains (``sampled``)."""
+    """Fail unless ``--mopd-objective`` is one this actor trains (``sampled``, or ``topk`` with
+    options it can follow), before slime builds anything."""
     from dressage.training.mopd_dense import mopd_objective
+    from dressage.training.topk_teacher_pass import check_topk_options
 
-    if mopd_objective(args) == "dense":
+    objective = mopd_objective(args)
+    if objective == "dense":
         raise ValueError(
-            "--mopd-objective dense is embedded-only for now (dressage.training.embedded): this "
-            "slime actor scores teachers at the sampled tokens only, and gathering the teachers' "
-            "distributions over a vocab-parallel vocabulary (top-k under TP/CP) is future work; "
-            "use --mopd-objective sampled on slime"
+            "--mopd-objective dense is embedded-only (dressage.training.embedded): on this slime "
+            "actor it would keep each teacher's full log-softmax at every response token, V x 4 "
+            "bytes a token (600 KB for a 152k-token vocabulary); use --mopd-objective topk, "
+            "which keeps the teacher's top-K tokens and a tail (2K + 1 values a token), or sampled"
         )
+    if objective == "topk":
+        check_topk_options(args)
 
 
 def _then_drop_teacher_ids(user_hook: Callable[..., Any] | None) -> Callable[..., None]:
@@ -409,16 +421,10 @@ def make_mopd_actor_cls() -> type:
                     vpp_group=int(config.get("microbatch_group_size_per_vp_stage", 1) or 1),
                 )
             if bins is None:  # every sample is this teacher's, or no compact schedule fits
-                out = super().compute_log_prob(
-                    data_iterator, num_microbatches, store_prefix="teacher_"
-                )
-                values = out.get("teacher_log_probs")
+                values = self._mopd_teacher_forward(data_iterator, num_microbatches)
                 return None if values is None else [values[i] for i in positions]
             sub["micro_batch_indices"] = bins
-            out = super().compute_log_prob(
-                get_data_iterator(sub), [len(bins)], store_prefix="teacher_"
-            )
-            values = out.get("teacher_log_probs")
+            values = self._mopd_teacher_forward(get_data_iterator(sub), [len(bins)])
             if values is None:
                 return None
             if getattr(self.args, "use_dynamic_batch_size", False):
@@ -427,6 +433,36 @@ def make_mopd_actor_cls() -> type:
             for value, i in zip(values, (i for b in bins for i in b), strict=True):
                 ordered[i] = value
             return ordered
+
+        def _mopd_teacher_forward(
+            self, data_iterator: Any, num_microbatches: Any
+        ) -> list[Any] | None:
+            """The active teacher's ``teacher_log_probs`` over a schedule, in its sample order
+            (None off the last pipeline stage); with ``topk`` each carries its support."""
+            from dressage.training.mopd_dense import mopd_objective
+
+            if mopd_objective(self.args) != "topk":
+                out = super().compute_log_prob(
+                    data_iterator, num_microbatches, store_prefix="teacher_"
+                )
+                values = out.get("teacher_log_probs")
+                return None if values is None else list(values)
+            from slime.backends.megatron_utils.model import forward_only
+            from slime.observability.timer import timer
+
+            from dressage.training.topk_teacher_pass import log_probs_and_support, with_supports
+
+            with timer("teacher_log_probs"):  # as slime's compute_log_prob times its passes
+                out = forward_only(
+                    log_probs_and_support,
+                    self.args,
+                    self.model,
+                    data_iterator,
+                    num_microbatches,
+                    store_prefix="teacher_",
+                    use_rollout_top_p_replay=True,
+                )
+            return with_supports(out, "teacher_")
 
     MopdMegatronActor.__module__ = __name__
     MopdMegatronActor.__qualname__ = "MopdMegatronActor"

@@ -203,17 +203,32 @@ def mopd_policy_loss(
         ``log pi_student - log pi_teacher``), ``mopd_advantage_mean``, ``mopd_advantage_abs_mean``,
         ``mopd_advantage_clipfrac`` and ``mopd_update_kl`` (k3 KL of the current student from the
         one that generated the advantages), each reduced like the loss; with ``dense`` also
-        ``mopd_dense_reverse_kl``, with ``topk`` ``mopd_topk_kl`` (the loss itself).
+        ``mopd_dense_reverse_kl``, with ``topk`` ``mopd_topk_kl`` (the loss itself) and
+        ``mopd_topk_teacher_tail_mass`` / ``mopd_topk_student_tail_mass`` (each distribution's
+        mass outside the support: how much a larger K could still resolve).
     """
     compute = log_prob_function(args)
     objective = mopd_objective(args)
-    if objective != "sampled":
-        distribution_loss = dense_reverse_kl_loss if objective == "dense" else topk_kl_loss
-        loss = distribution_loss(args, batch, logits, sum_of_sample_mean)
+    if objective == "topk":
+        # the student's sampled-token log-probs come free with the loss (no second pass)
+        loss, parts, support = topk_kl_loss(args, batch, logits, sum_of_sample_mean)
+        current = parts.student_log_probs
+        tail = support.tail.to(current.device).float()
+        metrics = {
+            "mopd_loss": loss.detach(),
+            "mopd_topk_kl": loss.detach(),
+            # how much of each distribution the support leaves out (is K large enough?)
+            "mopd_topk_teacher_tail_mass": sum_of_sample_mean(tail.exp()),
+            "mopd_topk_student_tail_mass": sum_of_sample_mean(parts.student_tail.exp()),
+        }
+        if batch.get("advantages") is not None:
+            advantages = _cat(batch["advantages"], "advantages", current.device).float()
+            metrics |= _advantage_metrics(advantages, sum_of_sample_mean)
+    elif objective == "dense":
+        loss = dense_reverse_kl_loss(args, batch, logits, sum_of_sample_mean)
         with torch.no_grad():
             current = torch.cat(compute(args, batch, logits.detach(), with_entropy=False)[0])
-        name = "mopd_dense_reverse_kl" if objective == "dense" else "mopd_topk_kl"
-        metrics = {"mopd_loss": loss.detach(), name: loss.detach()}
+        metrics = {"mopd_loss": loss.detach(), "mopd_dense_reverse_kl": loss.detach()}
         if batch.get("advantages") is not None:
             advantages = _cat(batch["advantages"], "advantages", current.device).float()
             metrics |= _advantage_metrics(advantages, sum_of_sample_mean)

@@ -17,7 +17,9 @@ Two swap strategies, same results:
 The student may be scored in the same call (its tag in ``tags``): it runs first, and the first
 teacher streams in behind it. For the tags in ``full_tags`` the score is the whole log-softmax
 at each response position, not only the sampled token's (the dense MOPD objective's teachers,
-:mod:`dressage.training.mopd_dense`). Usage::
+:mod:`dressage.training.mopd_dense`); for those in ``topk_tags`` the sampled token's log-probs
+carry the model's top-``topk`` support (the topk objective's teachers,
+:mod:`dressage.training.mopd_topk`). Usage::
 
     bank = TeacherBank(model)                       # backs the student up
     bank.add_teacher("math", "/ckpt/math-teacher")  # HF safetensors folder, validated
@@ -28,7 +30,7 @@ at each response position, not only the sampled token's (the dense MOPD objectiv
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +40,7 @@ from dressage.training.log_probs import (
     causal_lm_response_log_probs,
     causal_lm_response_log_softmax,
 )
+from dressage.training.mopd_topk import causal_lm_response_topk
 from dressage.training.weight_store import WeightStore
 from dressage.training.weight_streaming import CopyEngine, CudaCopies, InlineCopies, LayerStreamer
 
@@ -90,7 +93,7 @@ class TeacherBank(WeightStore):
         super().__init__(model, pin_memory=pin_memory)
         self.student_tag = student_tag
         self._custom_forward = forward is not None
-        self._forward = forward or self._hf_forward
+        self._forward = forward or self._hf_scorer(causal_lm_response_log_probs)
         self._temperature, self._chunk_tokens = temperature, chunk_tokens
         self._student_versions: dict[str, int] = {}
         self._streamer: LayerStreamer | None = None
@@ -126,35 +129,56 @@ class TeacherBank(WeightStore):
 
     # -- scoring -------------------------------------------------------------------------------
 
-    def _hf_forward(
-        self,
-        tokens: Sequence[Tensor],
-        response_lengths: Sequence[int],
-        input_embeddings: Callable[[Tensor], Tensor] | None,
-    ) -> list[Tensor]:
-        return causal_lm_response_log_probs(
-            self.model,
-            tokens,
-            response_lengths,
-            temperature=self._temperature,
-            chunk_tokens=self._chunk_tokens,
-            input_embeddings=input_embeddings,
-        )
+    def _hf_scorer(self, score: Callable[..., list[Tensor]], *extra: Any) -> ScoreForward:
+        """A scoring function of the bank's own model: ``score(model, tokens, response_lengths,
+        *extra, ...)`` (one of :mod:`dressage.training.log_probs`'s or
+        :func:`dressage.training.mopd_topk.causal_lm_response_topk`) at the bank's temperature
+        and chunk size."""
 
-    def _hf_full_forward(
+        def forward(
+            tokens: Sequence[Tensor],
+            response_lengths: Sequence[int],
+            input_embeddings: Callable[[Tensor], Tensor] | None,
+        ) -> list[Tensor]:
+            return score(
+                self.model,
+                tokens,
+                response_lengths,
+                *extra,
+                temperature=self._temperature,
+                chunk_tokens=self._chunk_tokens,
+                input_embeddings=input_embeddings,
+            )
+
+        return forward
+
+    def _forwards(
         self,
-        tokens: Sequence[Tensor],
-        response_lengths: Sequence[int],
-        input_embeddings: Callable[[Tensor], Tensor] | None,
-    ) -> list[Tensor]:
-        return causal_lm_response_log_softmax(
-            self.model,
-            tokens,
-            response_lengths,
-            temperature=self._temperature,
-            chunk_tokens=self._chunk_tokens,
-            input_embeddings=input_embeddings,
-        )
+        tags: Collection[str],
+        full_tags: Collection[str],
+        topk_tags: Collection[str],
+        topk: int,
+    ) -> dict[str, ScoreForward]:
+        """Each tag's scoring function: the whole log-softmax, the top-k support or the
+        sampled tokens' log-probs."""
+        both = sorted(set(full_tags) & set(topk_tags))
+        if both:
+            raise ValueError(f"score: tags {both} are in both full_tags and topk_tags")
+        special = sorted({*full_tags, *topk_tags})
+        if special and self._custom_forward:
+            raise ValueError(
+                f"score: full_tags and topk_tags ({special}) need the bank's own Hugging Face "
+                "forward, not a custom one"
+            )
+        if topk_tags and topk < 1:
+            raise ValueError(f"score: topk_tags {sorted(topk_tags)} need topk >= 1, got {topk}")
+        forwards = {tag: self._forward for tag in tags}
+        for tag in forwards:
+            if tag in full_tags:
+                forwards[tag] = self._hf_scorer(causal_lm_response_log_softmax)
+            elif tag in topk_tags:
+                forwards[tag] = self._hf_scorer(causal_lm_response_topk, topk)
+        return forwards
 
     def _jobs(
         self, lengths: Sequence[int], tags: Sequence[str], max_tokens: int
@@ -184,6 +208,8 @@ class TeacherBank(WeightStore):
         max_tokens: int = 16384,
         overlap: bool | None = None,
         full_tags: Collection[str] = (),
+        topk_tags: Collection[str] = (),
+        topk: int = 0,
     ) -> list[Tensor]:
         """Log-probs of each sample's response tokens under the model its tag names.
 
@@ -197,6 +223,10 @@ class TeacherBank(WeightStore):
             full_tags: tags whose samples get the whole log-softmax at each response position,
                 ``[R_i, V]``, instead of ``[R_i]`` (the dense MOPD objective's teachers); the
                 default Hugging Face forward only.
+            topk_tags: tags whose samples' ``[R_i]`` log-probs each carry the model's top-``topk``
+                support at the response positions (:func:`dressage.training.mopd_topk.support_of`;
+                the topk MOPD objective's teachers); the default Hugging Face forward only.
+            topk: K for ``topk_tags``, 1 <= K <= the vocabulary.
 
         Returns:
             Per sample ``[R_i]`` (``[R_i, V]`` for ``full_tags``) float32 log-probs, in the input
@@ -208,34 +238,28 @@ class TeacherBank(WeightStore):
                 f"score: {len(tokens)} token lists, {len(response_lengths)} response lengths, "
                 f"{len(tags)} tags"
             )
-        if full_tags and self._custom_forward:
-            raise ValueError(
-                f"score: full_tags {sorted(full_tags)} need the bank's own Hugging Face forward, "
-                "not a custom one"
-            )
         jobs = self._jobs([int(t.numel()) for t in tokens], tags, max_tokens)
+        forwards = self._forwards([tag for tag, _ in jobs], full_tags, topk_tags, topk)
         if any(tag != self.student_tag for tag, _ in jobs) and not self._student_current():
             self.backup(self.student_tag)
         results: list[Tensor | None] = [None] * len(tokens)
         overlap = self.device.type == "cuda" if overlap is None else overlap
         with torch.no_grad():
             if overlap:
-                self._score_overlapped(jobs, tokens, response_lengths, results, full_tags)
+                self._score_overlapped(jobs, tokens, response_lengths, results, forwards)
             else:
-                self._score_sequential(jobs, tokens, response_lengths, results, full_tags)
+                self._score_sequential(jobs, tokens, response_lengths, results, forwards)
         return [r if r is not None else torch.zeros(0) for r in results]
 
+    @staticmethod
     def _run(
-        self,
+        forward: ScoreForward,
         positions: list[int],
         tokens: Sequence[Tensor],
         response_lengths: Sequence[int],
         results: list[Tensor | None],
         input_embeddings: Callable[[Tensor], Tensor] | None = None,
-        *,
-        full: bool = False,
     ) -> None:
-        forward = self._hf_full_forward if full else self._forward
         out = forward(
             [tokens[i] for i in positions],
             [int(response_lengths[i]) for i in positions],
@@ -250,7 +274,7 @@ class TeacherBank(WeightStore):
         tokens: Sequence[Tensor],
         response_lengths: Sequence[int],
         results: list[Tensor | None],
-        full_tags: Collection[str],
+        forwards: dict[str, ScoreForward],
     ) -> None:
         live = self.student_tag
         try:
@@ -259,7 +283,7 @@ class TeacherBank(WeightStore):
                     self.restore(tag)
                     live = tag
                 for positions in micro_batches:
-                    self._run(positions, tokens, response_lengths, results, full=tag in full_tags)
+                    self._run(forwards[tag], positions, tokens, response_lengths, results)
         finally:
             if live != self.student_tag:
                 self.restore(self.student_tag)
@@ -283,7 +307,7 @@ class TeacherBank(WeightStore):
         tokens: Sequence[Tensor],
         response_lengths: Sequence[int],
         results: list[Tensor | None],
-        full_tags: Collection[str],
+        forwards: dict[str, ScoreForward],
     ) -> None:
         if self._streamer is None:
             self._streamer = LayerStreamer(self.model, self.params, self.backups, self._copies())
@@ -306,9 +330,8 @@ class TeacherBank(WeightStore):
                             # (the prefix, then the suffixes on its cache), and the next model's
                             # layer i lands in the buffers right after its first use.
                             embeddings = self._live_embeddings()
-                        full = tag in full_tags
                         self._run(
-                            positions, tokens, response_lengths, results, embeddings, full=full
+                            forwards[tag], positions, tokens, response_lengths, results, embeddings
                         )
                         if j == len(micro_batches) - 1 and following != tag:
                             streamer.forward_done()

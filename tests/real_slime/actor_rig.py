@@ -334,6 +334,7 @@ class Rig:
         actor_mod.UpdateWeightFromDistributed = type("UpdateWeightFromDistributed", (Updater,), {})
         actor_mod.UpdateWeightFromDisk = type("UpdateWeightFromDisk", (Updater,), {})
         actor_mod.forward_only = forward_only
+        model_mod.forward_only = forward_only  # where the MOPD actor's top-k pass imports it
         # the pinned-host allocator's cache exists only in CUDA builds of torch
         actor_mod.clear_memory = lambda clear_host_memory=False: None
         actor_mod.train = train
@@ -430,8 +431,14 @@ def run(scenario: dict[str, Any], tmp: Path) -> dict[str, Any]:
         rig.actor_data = rollout_data
         out = original_train_actor(self, rollout_id, rollout_data, external_data)
         report["left_in_rollout_data"] = sorted(rollout_data)
-        report["teacher_log_probs"] = [t.tolist() for t in rollout_data["teacher_log_probs"]]
+        teacher = rollout_data["teacher_log_probs"]
+        report["teacher_log_probs"] = [t.tolist() for t in teacher]
         report["expected_teacher_log_probs"] = _expected(rollout_data, teacher_of)
+        if getattr(args, "mopd_objective", "sampled") == "topk":
+            report["teacher_supports"] = [_support_lists(t) for t in teacher]
+            report["expected_teacher_supports"] = _expected_supports(
+                rollout_data, teacher_of, int(args.mopd_topk)
+            )
         return out
 
     type(actor).train_actor = spy  # type: ignore[method-assign]
@@ -463,6 +470,45 @@ def _expected(rollout_data: dict[str, Any], teacher_of: dict[int, str]) -> list[
         total = len(tokens)
         rows = torch.arange(total - resp - 1, total - 1)
         out.append(logp[rows, tokens[total - resp :].long()].tolist())
+    return out
+
+
+def _support_lists(teacher_log_probs: torch.Tensor) -> dict[str, Any] | None:
+    from dressage.training.mopd_topk import support_of
+
+    support = support_of(teacher_log_probs)
+    if support is None:
+        return None
+    return {
+        "ids": support.ids.tolist(),
+        "log_probs": support.log_probs.tolist(),
+        "tail": support.tail.tolist(),
+    }
+
+
+def _expected_supports(
+    rollout_data: dict[str, Any], teacher_of: dict[int, str], k: int
+) -> list[dict[str, Any]]:
+    """Each sample's top-k support under its own teacher, computed here directly: the k most
+    likely tokens of the full ``log_softmax`` and the log-mass of every token outside them and
+    the sampled one."""
+    out = []
+    for tokens, resp in zip(rollout_data["tokens"], rollout_data["response_lengths"], strict=True):
+        spec = TEACHERS[teacher_of[int(tokens[0])]]
+        model = TinyLM()
+        model.load(spec["load"], spec.get("ckpt_step"))
+        total = len(tokens)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(tokens.long()).double(), -1)
+        rows = logp[total - resp - 1 : total - 1]
+        top = rows.topk(k, dim=-1)
+        outside = torch.ones_like(rows, dtype=torch.bool)
+        outside.scatter_(-1, top.indices, False)
+        outside.scatter_(-1, tokens[total - resp :].long()[:, None], False)
+        tail = torch.logsumexp(rows.masked_fill(~outside, float("-inf")), -1)
+        out.append(
+            {"ids": top.indices.tolist(), "log_probs": top.values.tolist(), "tail": tail.tolist()}
+        )
     return out
 
 

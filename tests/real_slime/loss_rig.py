@@ -8,7 +8,14 @@ of each packed sequence), and runs what slime's Megatron actor runs around a ste
 slime's ``reduce_train_step_metrics`` over the data-parallel-with-CP group. It returns the
 scaled loss, the reduced metrics and the gradient of its logits, mapped back to global
 (token, vocabulary) positions, so the caller can add the ranks up and compare with a
-single-process full-vocabulary reference (:func:`reference`).
+single-process full-vocabulary reference (:func:`reference`, :func:`topk_reference`).
+
+One spawned run steps through every case of :data:`CASES` (the objective and its options), so a
+layout costs one set of processes. For ``--mopd-objective topk`` the rank first scores its
+teacher the way the MOPD actor's teacher pass does: the post-forward function slime's
+``forward_only`` calls (``dressage.training.topk_teacher_pass.log_probs_and_support``) on the
+teacher's logits shard at the rank's CP slice, the support hung on each sample's teacher
+log-probs (``with_supports``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,21 @@ CLIP = 0.7
 TEMPERATURE = 0.9
 GLOBAL_BATCH = 2  # rollouts per step
 TEACHERS = ("calc", "look")
+
+CASES: dict[str, dict[str, Any]] = {
+    "sampled": {"mopd_objective": "sampled"},
+    "topk-k1": {"mopd_objective": "topk", "mopd_topk": 1},
+    "topk-k8": {"mopd_objective": "topk", "mopd_topk": 8},
+    "topk-kV": {"mopd_objective": "topk", "mopd_topk": VOCAB},
+    # a forward-KL share, and chunks of 5 rows through the teacher pass and the loss
+    "topk-k8-b0.5": {
+        "mopd_objective": "topk",
+        "mopd_topk": 8,
+        "mopd_forward_kl_weight": 0.5,
+        "log_probs_chunk_size": 5,
+    },
+}
+"""Each case's slime options on top of :func:`slime_args`."""
 
 
 def batch_spec(seed: int = 0) -> dict[str, Any]:
@@ -44,6 +66,10 @@ def batch_spec(seed: int = 0) -> dict[str, Any]:
                 "teacher_id": TEACHERS[i % 2] if i != 2 else TEACHERS[1],
             }
         )
+    # the teacher's own logits, for the top-k teacher pass (drawn apart: the rest stays as is)
+    t = torch.Generator().manual_seed(seed + 1)
+    for sample, total in zip(samples, totals, strict=True):
+        sample["teacher_logits"] = torch.randn(total, VOCAB, generator=t) * 2.0
     rollout_ids = [0, 1, 1, 2]
     # prompt-equal-like denominators: shared by a rollout's segments
     denoms = {0: 5.0, 1: 11.0, 2: 2.5}
@@ -57,12 +83,12 @@ def batch_spec(seed: int = 0) -> dict[str, Any]:
     }
 
 
-def slime_args(metrics_dir: str = ".") -> Namespace:
-    """The slime options a MOPD step reads on this path."""
+def slime_args(metrics_dir: str = ".", **case: Any) -> Namespace:
+    """The slime options a MOPD step reads on this path (``case``: a case's own)."""
     from tests.real_slime.slime_parts import MOPD_LOSS_ARGS
 
-    return Namespace(
-        **MOPD_LOSS_ARGS,
+    values: dict[str, Any] = dict(
+        MOPD_LOSS_ARGS,
         mopd_advantage_clip=CLIP,
         mopd_defer_rollout_metrics=True,
         calculate_per_token_loss=False,
@@ -70,6 +96,7 @@ def slime_args(metrics_dir: str = ".") -> Namespace:
         rollout_temperature=TEMPERATURE,
         mopd_metrics_dir=metrics_dir,
     )
+    return Namespace(**(values | case))
 
 
 def _student_full(spec: dict[str, Any]) -> list[torch.Tensor]:
@@ -113,6 +140,57 @@ def reference(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def bucket_kl(
+    log_s: torch.Tensor, log_t: torch.Tensor, targets: torch.Tensor, k: int, b: float
+) -> torch.Tensor:
+    """Per row, the top-k objective's formula (``dressage.training.mopd_topk``), plainly: the
+    buckets are the teacher's K most likely tokens over the whole vocabulary, the sampled token
+    and one tail bucket of the rest; ``(1 - b) KL(pS || pT) + b KL(pT || pS)`` over them.
+
+    Args:
+        log_s, log_t: ``[N, V]`` the student's and the teacher's log-probs (whole vocabulary).
+        targets: ``[N]`` the sampled tokens.
+    """
+    out = []
+    for i in range(log_s.shape[0]):
+        support = list(dict.fromkeys(log_t[i].topk(k).indices.tolist() + [int(targets[i])]))
+        rest = [v for v in range(log_s.shape[1]) if v not in support]
+        s, t = (
+            torch.stack(
+                [row[v] for v in support] + ([torch.logsumexp(row[rest], 0)] if rest else [])
+            )
+            for row in (log_s[i], log_t[i])
+        )
+        out.append((1 - b) * (s.exp() * (s - t)).sum() + b * (t.exp() * (t - s)).sum())
+    return torch.stack(out)
+
+
+def topk_reference(spec: dict[str, Any], k: int, b: float = 0.0) -> dict[str, Any]:
+    """The top-k step in float64, one process, full vocabulary (:func:`bucket_kl`):
+    L = sum_i sum_t m KL_t / max(d_i, 1) / G; the sampled-token reverse KL against the teacher's
+    own logits."""
+    logits = [s["logits"].double().clone().requires_grad_(True) for s in spec["samples"]]
+    loss = torch.zeros((), dtype=torch.float64)
+    kl = torch.zeros((), dtype=torch.float64)
+    for i, s in enumerate(spec["samples"]):
+        total, resp = spec["total_lengths"][i], spec["response_lengths"][i]
+        rows = torch.arange(total - resp - 1, total - 1)
+        targets = s["tokens"][total - resp :]
+        log_s = torch.log_softmax(logits[i][rows] / TEMPERATURE, -1)
+        log_t = torch.log_softmax(s["teacher_logits"].double()[rows] / TEMPERATURE, -1)
+        m, d = s["mask"].double(), max(spec["rollout_mask_sums"][i], 1.0)
+        loss = loss + (m * bucket_kl(log_s, log_t, targets, k, b)).sum() / d
+        picked = torch.arange(resp), targets
+        kl = kl + (m * (log_s.detach()[picked] - log_t[picked])).sum() / d
+    loss = loss / GLOBAL_BATCH
+    loss.backward()
+    return {
+        "loss": float(loss.detach()),
+        "reverse_kl": float(kl) / GLOBAL_BATCH,
+        "grad": torch.cat([g.grad for g in logits]).float(),
+    }
+
+
 def _local_rows(spec: dict[str, Any]) -> list[torch.Tensor]:
     """Per sample, the global packed row of each local logits row (-1 for padding)."""
     from slime.backends.megatron_utils.cp_utils import slice_with_cp
@@ -132,7 +210,10 @@ def _rank(rank: int, world: int, port: int, tp: int, cp: int, out: str, queue: A
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
-        queue.put((rank, _step(tp, cp, out)))
+        from megatron.core import parallel_state as mpu
+
+        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
+        queue.put((rank, {name: _step(tp, cp, os.path.join(out, name), name) for name in CASES}))
     except BaseException as exc:  # reported to the parent, which fails the test with it
         import traceback
 
@@ -141,23 +222,31 @@ def _rank(rank: int, world: int, port: int, tp: int, cp: int, out: str, queue: A
         dist.destroy_process_group()
 
 
-def _step(tp: int, cp: int, out: str) -> dict[str, Any]:
+def _local_logits(full: torch.Tensor, flat_rows: torch.Tensor, shard: slice) -> torch.Tensor:
+    """``[1, rows, V / TP]``: the packed ``full`` logits at this rank's rows and columns (0 at
+    padding rows), as Megatron's output layer hands them to a rank."""
+    local = torch.where(flat_rows[:, None] >= 0, full[flat_rows.clamp_min(0)], 0.0)[:, shard]
+    return local.clone().unsqueeze(0)
+
+
+def _step(tp: int, cp: int, out: str, case: str) -> dict[str, Any]:
     from megatron.core import parallel_state as mpu
     from slime.backends.megatron_utils.cp_utils import slice_log_prob_with_cp
     from slime.backends.megatron_utils.loss import compute_advantages_and_returns, loss_function
     from slime.observability.train_metric_utils import reduce_train_step_metrics
 
-    mpu.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
-    spec, args = batch_spec(), slime_args(out)
+    from dressage.training.topk_teacher_pass import log_probs_and_support, with_supports
+
+    spec, args = batch_spec(), slime_args(out, **CASES[case])
     tp_rank = mpu.get_tensor_model_parallel_rank()
     shard = slice(tp_rank * VOCAB // tp, (tp_rank + 1) * VOCAB // tp)
-    rows = _local_rows(spec)
-    flat_rows = torch.cat(rows)
-    full = torch.cat([s["logits"] for s in spec["samples"]])
-    local = torch.where(flat_rows[:, None] >= 0, full[flat_rows.clamp_min(0)], 0.0)[:, shard]
-    logits = local.clone().unsqueeze(0).requires_grad_(True)
+    flat_rows = torch.cat(_local_rows(spec))
+    samples = spec["samples"]
+    full = torch.cat([s["logits"] for s in samples])
+    logits = _local_logits(full, flat_rows, shard).requires_grad_(True)
 
     totals, resps = spec["total_lengths"], spec["response_lengths"]
+    tokens = [x["tokens"] for x in samples]
     student = _student_full(spec)
 
     def cp_slice(values: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -166,14 +255,31 @@ def _step(tp: int, cp: int, out: str) -> dict[str, Any]:
             for v, t, r in zip(values, totals, resps, strict=True)
         ]
 
-    samples = spec["samples"]
+    if args.mopd_objective == "topk":
+        # the MOPD actor's teacher pass: forward_only's post-forward function on the teacher's
+        # shard of this rank's CP slice, then each sample's support on its teacher log-probs
+        teacher_logits = _local_logits(
+            torch.cat([x["teacher_logits"] for x in samples]), flat_rows, shard
+        )
+        _, stored = log_probs_and_support(
+            teacher_logits,
+            args=args,
+            unconcat_tokens=tokens,
+            total_lengths=totals,
+            response_lengths=resps,
+            with_entropy=False,
+        )
+        teacher = with_supports(stored)
+        assert teacher is not None
+    else:
+        teacher = cp_slice([x["teacher"] for x in samples])
     rollout_data: dict[str, Any] = {
         # what slime's compute_log_prob leaves: CP-local log-probs of the old student and, from
         # the MOPD actor's teacher passes, of each sample's teacher
         "log_probs": cp_slice(
             [(s + x["old_shift"].double()) for s, x in zip(student, samples, strict=True)]
         ),
-        "teacher_log_probs": cp_slice([x["teacher"] for x in samples]),
+        "teacher_log_probs": teacher,
         "loss_masks": [x["mask"] for x in samples],
         "total_lengths": totals,
         "response_lengths": resps,
@@ -184,7 +290,7 @@ def _step(tp: int, cp: int, out: str) -> dict[str, Any]:
     }
     compute_advantages_and_returns(args, rollout_data)
     batch = {
-        "unconcat_tokens": [x["tokens"] for x in samples],
+        "unconcat_tokens": tokens,
         "total_lengths": totals,
         "response_lengths": resps,
         "loss_masks": rollout_data["loss_masks"],
@@ -219,9 +325,9 @@ def _step(tp: int, cp: int, out: str) -> dict[str, Any]:
     }
 
 
-def run(out: str, tp: int = 1, cp: int = 1, port: int = 0) -> list[dict[str, Any]]:
-    """Run the step on ``tp x cp`` processes (teacher metrics under ``out``); one result per
-    rank, in rank order."""
+def run(out: str, tp: int = 1, cp: int = 1, port: int = 0) -> list[dict[str, dict[str, Any]]]:
+    """Run every case of :data:`CASES` on ``tp x cp`` processes (teacher metrics under
+    ``out/<case>``); per rank, in rank order, each case's result."""
     import torch.multiprocessing as mp
 
     from tests.helpers import free_port
@@ -230,10 +336,18 @@ def run(out: str, tp: int = 1, cp: int = 1, port: int = 0) -> list[dict[str, Any
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = port or free_port()
-    mp.start_processes(
-        _rank, args=(world, port, tp, cp, out, queue), nprocs=world, join=True, start_method="spawn"
+    procs = mp.start_processes(
+        _rank,
+        args=(world, port, tp, cp, out, queue),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
     )
+    # read before joining: a rank's result is larger than a pipe's buffer, so its put blocks
+    # until the parent reads it
     results = dict(queue.get() for _ in range(world))
+    while not procs.join():
+        pass
     errors = [r["error"] for r in results.values() if "error" in r]
     if errors:
         raise RuntimeError("a rank failed:\n" + "\n".join(errors))
@@ -241,7 +355,8 @@ def run(out: str, tp: int = 1, cp: int = 1, port: int = 0) -> list[dict[str, Any
 
 
 def combine(results: list[dict[str, Any]], cp: int) -> dict[str, Any]:
-    """The ranks' contributions as one step: gradient and loss as the optimizer sees them.
+    """The ranks' contributions to one case as one step: gradient and loss as the optimizer
+    sees them.
 
     TP shards fill disjoint vocabulary columns; CP ranks add up, and Megatron's gradient
     average over the data-parallel-with-CP group divides by ``cp`` what slime's loss scaling

@@ -128,6 +128,46 @@ def test_dynamic_batches_are_packed_per_teacher_and_scores_land_in_order(
     assert len(look["micro_batches"]) < 3  # first-fit packed, not one sample each
 
 
+TOPK = {"mopd_objective": "topk", "mopd_topk": 8}
+
+
+def _check_supports(report: dict[str, Any]) -> None:
+    """Every sample's stored support is its own teacher's top-8, in the samples' order."""
+    got, want = report["teacher_supports"], report["expected_teacher_supports"]
+    assert len(got) == len(want) == len(report["teacher_log_probs"])
+    for g, w in zip(got, want, strict=True):
+        assert g is not None, "a sample reached train_actor without its teacher's support"
+        assert g["ids"] == w["ids"]
+        for key in ("log_probs", "tail"):
+            assert len(g[key]) == len(w[key])
+            for a, b in zip(g[key], w[key], strict=True):
+                assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"colocate": True, "offload_train": True},
+        {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 20},
+    ],
+    ids=["plain", "colocate-offload", "dynamic"],
+)
+def test_topk_teacher_passes_store_each_samples_support_in_order(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
+    report = run_rig(tmp_path, **TOPK, **options)
+    _check_scores_and_logging(report)
+    _check_supports(report)
+    # the support rode on teacher_log_probs: its own keys never entered rollout_data
+    assert not any(k.startswith("teacher_topk") for k in report["left_in_rollout_data"])
+    passes = _teacher_passes(report)
+    assert [p["tag"] for p in passes] == ["teacher:calc", "teacher:look"]
+    if options.get("use_dynamic_batch_size"):
+        look = next(p for p in passes if p["tag"] == "teacher:look")
+        assert len(look["micro_batches"]) < 3
+
+
 def test_users_postprocess_hook_runs_and_sees_the_teacher_ids(tmp_path: Path) -> None:
     report = run_rig(
         tmp_path,

@@ -11,6 +11,7 @@ from torch import nn
 
 from dressage.training.embedded import EmbeddedTrainer, trainer_args
 from dressage.training.log_probs import causal_lm_response_log_probs
+from dressage.training.mopd_topk import support_of
 from tests.training.train_data_factory import (
     MOPD_HOOKS,
     load_tiny,
@@ -235,9 +236,136 @@ def test_dense_mopd_steps_shrink_the_full_reverse_kl_to_each_samples_teacher(
     assert "train/mopd_reverse_kl" in history[0] and "rollout/teacher_log_probs" in history[0]
 
 
+def _task_vocab_trainer(teachers: dict[str, Path], **options: Any) -> EmbeddedTrainer:
+    args = trainer_args(
+        hf_checkpoint=str(_task_vocab_model(0)),
+        device="cpu",
+        weight_decay=0.0,
+        global_batch_size=4,
+        micro_batch_size=2,
+        lr=3e-3,
+        **MOPD_HOOKS,
+        **options,
+    )
+    return EmbeddedTrainer(args, teachers=teachers)
+
+
+def _own_samples(model: nn.Module, teacher_ids: list[str]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Four 4-token prompts continued by 6 tokens sampled from ``model``, and their train_data."""
+    prompts = torch.randint(0, 600, (4, 4), generator=torch.Generator().manual_seed(1))
+    ids = sample_responses(model, prompts, 6, seed=2)
+    return ids, train_data([(4, 6)] * 4, tokens=ids.tolist(), teacher_ids=teacher_ids)
+
+
+def _record_grads(trainer: EmbeddedTrainer) -> list[dict[str, torch.Tensor]]:
+    """The gradients each optimizer step applies, recorded as it starts."""
+    grads: list[dict[str, torch.Tensor]] = []
+    trainer.optimizer.register_step_pre_hook(lambda *_: grads.append(_grads(trainer.model)))
+    return grads
+
+
+def test_topk_mopd_with_k_the_vocabulary_trains_exactly_as_dense(
+    sharp_task_vocab_teachers: dict[str, Path],
+) -> None:
+    teacher_ids = ["math", "code", "math", "code"]
+    options = {"mopd_forward_kl_weight": 0.5}
+    dense = _task_vocab_trainer(sharp_task_vocab_teachers, mopd_objective="dense", **options)
+    topk = _task_vocab_trainer(
+        sharp_task_vocab_teachers, mopd_objective="topk", mopd_topk=704, **options
+    )
+    dense_grads, topk_grads = _record_grads(dense), _record_grads(topk)
+    _, data = _own_samples(dense.model, teacher_ids)
+    want, got = dense.train(0, data), topk.train(0, data)
+    assert got["train/mopd_topk_kl"] == pytest.approx(want.pop("train/mopd_dense_reverse_kl"))
+    for key, value in want.items():
+        if not key.startswith("perf/"):
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    for name, grad in dense_grads[0].items():
+        assert torch.allclose(topk_grads[0][name], grad, rtol=1e-4, atol=1e-8), name
+    # AdamW's first step moves a weight by about lr * g / (|g| + eps): gradients of ~eps agree
+    # to 1e-9 but move their weights differently by a fraction of lr (a sign error: ~2 lr)
+    after = _params(topk.model)
+    for name, weight in _params(dense.model).items():
+        assert torch.allclose(after[name], weight, rtol=0.0, atol=0.05 * 3e-3), name
+
+
+def test_topk_mopd_keeps_each_samples_teacher_top_k_and_shrinks_the_bucketed_kl(
+    sharp_task_vocab_teachers: dict[str, Path],
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    k, r = 4, 6
+    trainer = _task_vocab_trainer(sharp_task_vocab_teachers, mopd_objective="topk", mopd_topk=k)
+    teacher_ids = ["math", "code", "code", "math"]
+    ids, data = _own_samples(trainer.model, teacher_ids)
+    loaded = {
+        t: AutoModelForCausalLM.from_pretrained(str(p)).eval()
+        for t, p in sharp_task_vocab_teachers.items()
+    }
+    with torch.no_grad():  # each sample's own teacher, written out
+        dists = [
+            torch.log_softmax(loaded[t](row[None]).logits[0, -r - 1 : -1].float(), -1)
+            for row, t in zip(ids, teacher_ids, strict=True)
+        ]
+    batches: list[dict[str, Any]] = []
+    loss_fn = trainer.loss_fn
+
+    def recording(*hook_args: Any) -> Any:
+        batches.append(hook_args[1])
+        return loss_fn(*hook_args)
+
+    trainer.loss_fn = recording
+    before = _params(trainer.model)
+    history = [trainer.train(step, data) for step in range(10)]
+
+    seen = []
+    for batch in batches[:2]:  # the first step's two micro-batches
+        assert batch["teacher_full_log_probs"] is None  # nothing [R, V] kept
+        for tokens, carrier in zip(
+            batch["unconcat_tokens"], batch["teacher_log_probs"], strict=True
+        ):
+            (i,) = [j for j, row in enumerate(ids) if torch.equal(row, tokens.cpu())]
+            seen.append(i)
+            support, dist, sampled = support_of(carrier), dists[i], ids[i][-r:]
+            assert support is not None and carrier.shape == (r,)
+            assert support.ids.shape == support.log_probs.shape == (r, k)
+            assert support.ids.dtype == torch.int32
+            top = dist.topk(k, dim=-1)
+            assert torch.equal(support.ids.long(), top.indices), i
+            assert torch.allclose(support.log_probs, top.values, atol=1e-5), i
+            assert torch.allclose(carrier, dist.gather(-1, sampled[:, None])[:, 0], atol=1e-5)
+            kept = torch.zeros_like(dist, dtype=torch.bool).scatter_(-1, top.indices, True)
+            kept.scatter_(-1, sampled[:, None], True)
+            tail = dist.masked_fill(kept, float("-inf")).logsumexp(-1)
+            assert torch.allclose(support.tail, tail, atol=1e-4), i
+    assert sorted(seen) == [0, 1, 2, 3]
+    # it trains: the weights move and the bucketed KL to each sample's teacher falls
+    after = _params(trainer.model)
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    first, last = history[0]["train/mopd_topk_kl"], history[-1]["train/mopd_topk_kl"]
+    assert first > 0.03 and last < 0.3 * first, (first, last)
+    assert history[0]["train/mopd_loss"] == first
+
+
+def test_a_mopd_topk_above_the_students_vocabulary_is_refused_at_init() -> None:
+    args = trainer_args(
+        hf_checkpoint=str(_task_vocab_model(0)),
+        device="cpu",
+        global_batch_size=1,
+        mopd_objective="topk",
+        mopd_topk=705,
+    )
+    with pytest.raises(
+        ValueError, match="^--mopd-topk 705 exceeds the student's vocabulary of 704 tokens"
+    ):
+        EmbeddedTrainer(args)
+
+
 def test_an_unknown_mopd_objective_fails_before_the_student_loads() -> None:
-    with pytest.raises(ValueError, match="--mopd-objective must be one of sampled, dense"):
-        _trainer(global_batch_size=1, mopd_objective="topk")
+    with pytest.raises(
+        ValueError, match="--mopd-objective must be one of sampled, dense, topk; got 'bogus'"
+    ):
+        _trainer(global_batch_size=1, mopd_objective="bogus")
 
 
 def test_saved_weights_load_as_a_hugging_face_model(tmp_path: Path) -> None:

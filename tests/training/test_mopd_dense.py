@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import types
 from argparse import Namespace
 from typing import Any
 
@@ -151,47 +149,36 @@ def test_an_unknown_objective_is_refused_naming_the_flag() -> None:
         _dense_loss(batch, logits, mopd_objective="full")
 
 
-def test_the_slime_flag_takes_only_the_two_objectives(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_slime_flag_takes_the_three_objectives(capsys: pytest.CaptureFixture[str]) -> None:
     from dressage.training.mopd_train import add_mopd_arguments
 
     parser = add_mopd_arguments(argparse.ArgumentParser())
-    assert parser.parse_args([]).mopd_objective == "sampled"
-    assert parser.parse_args(["--mopd-objective", "dense"]).mopd_objective == "dense"
+    defaults = parser.parse_args([])
+    assert (defaults.mopd_objective, defaults.mopd_topk, defaults.mopd_forward_kl_weight) == (
+        "sampled",
+        None,
+        0.0,
+    )
+    for objective in ("dense", "topk"):
+        assert parser.parse_args(["--mopd-objective", objective]).mopd_objective == objective
+    parsed = parser.parse_args(["--mopd-topk", "8", "--mopd-forward-kl-weight", "0.5"])
+    assert (parsed.mopd_topk, parsed.mopd_forward_kl_weight) == (8, 0.5)
     with pytest.raises(SystemExit):
-        parser.parse_args(["--mopd-objective", "topk"])
+        parser.parse_args(["--mopd-objective", "full"])
     assert "--mopd-objective" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mopd-forward-kl-weight", "1.5"])
+    assert "--mopd-forward-kl-weight: must be in [0, 1], got 1.5" in capsys.readouterr().err
 
 
-def test_the_job_option_takes_only_the_two_objectives() -> None:
+def test_the_job_option_takes_the_three_objectives() -> None:
     from dressage.config.job import JobOptions
 
     assert JobOptions.model_validate({}).mopd_objective == "sampled"
+    for objective in ("dense", "topk"):
+        assert JobOptions.model_validate({"mopd_objective": objective}).mopd_objective == objective
     with pytest.raises(ValidationError, match="mopd_objective"):
-        JobOptions.model_validate({"mopd_objective": "topk"})
-
-
-def test_the_slime_actor_refuses_dense_before_slime_builds_anything(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # slime cannot run here: a stand-in base class records whether slime's init was reached.
-    from dressage.training.mopd_actor import make_mopd_actor_cls
-
-    reached: list[str] = []
-
-    class MegatronTrainRayActor:
-        def init(self, args: Any, role: str, **_: Any) -> int:
-            reached.append(role)
-            return 0
-
-    module = types.ModuleType("slime.backends.megatron_utils.actor")
-    module.MegatronTrainRayActor = MegatronTrainRayActor  # type: ignore[attr-defined]
-    for name in ("slime", "slime.backends", "slime.backends.megatron_utils"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    actor = make_mopd_actor_cls.__wrapped__()()
-    with pytest.raises(ValueError, match="--mopd-objective dense is embedded-only"):
-        actor.init(Namespace(mopd_objective="dense"), "actor")
-    assert reached == []
+        JobOptions.model_validate({"mopd_objective": "full"})
 
 
 def _naive_mixed(batch: dict[str, Any], logits: torch.Tensor, b: float) -> torch.Tensor:
@@ -242,13 +229,14 @@ def test_only_the_forward_share_unlearns_a_token_the_student_is_sure_of() -> Non
         reverse_kl(logits, rows, teacher, forward_weight=1.5)
 
 
-def test_the_forward_share_is_a_dense_only_job_option() -> None:
+def test_the_forward_share_is_a_job_option_of_dense_and_topk() -> None:
     from dressage.config.job import JobOptions
 
     assert JobOptions.model_validate({}).mopd_forward_kl_weight == 0.0
-    options = {"mopd_objective": "dense", "mopd_forward_kl_weight": 0.5}
-    assert JobOptions.model_validate(options).mopd_forward_kl_weight == 0.5
-    with pytest.raises(ValidationError, match="needs mopd_objective 'dense'"):
+    for objective in ("dense", "topk"):
+        options = {"mopd_objective": objective, "mopd_forward_kl_weight": 0.5}
+        assert JobOptions.model_validate(options).mopd_forward_kl_weight == 0.5
+    with pytest.raises(ValidationError, match="needs mopd_objective 'dense' or 'topk'"):
         JobOptions.model_validate({"mopd_forward_kl_weight": 0.5})
     with pytest.raises(ValidationError, match="mopd_forward_kl_weight"):
         JobOptions.model_validate({"mopd_objective": "dense", "mopd_forward_kl_weight": 2})

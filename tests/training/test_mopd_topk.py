@@ -112,6 +112,26 @@ def test_a_tiny_tail_stays_finite() -> None:
     assert torch.isfinite(student.grad).all()
 
 
+def test_a_student_with_a_vanishing_tail_gets_the_forward_kls_exact_pull() -> None:
+    """The student puts ~e^-150 on the tail (it underflows against its maximum) while the
+    teacher puts real mass there: the forward share's gradient on the tail tokens is finite and
+    equals the float64 formula."""
+    _, teacher, targets = _rows(seed=3, n=3)
+    rows = torch.arange(3)
+    support, target_lp = teacher_support(teacher, rows, targets, 2, temperature=TEMPERATURE)
+    student = torch.full((3, V), -60.0)
+    student.scatter_(-1, support.ids[:, :1].long(), 60.0)  # sure of the teacher's favourite
+    x = student.clone().requires_grad_(True)
+    out = topk_kl(x, rows, targets, support, target_lp, temperature=TEMPERATURE, forward_weight=0.5)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    ref_x = student.double().clone().requires_grad_(True)
+    expected = _reference(ref_x, teacher, targets, 2, 0.5)
+    (ref_grad,) = torch.autograd.grad(expected.sum(), ref_x)
+    assert ref_grad.abs().max() > 0.01  # the pull is real
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-4, atol=1e-6)
+
+
 def test_student_equal_to_teacher_has_zero_loss_and_gradient() -> None:
     _, teacher, targets = _rows(seed=2)
     rows = torch.arange(teacher.shape[0])
@@ -202,6 +222,39 @@ def test_the_hook_reduces_the_bucketed_kl_like_slime() -> None:
     (grad,) = torch.autograd.grad(loss, logits)
     assert grad[0, 2].abs().max() == 0.0  # the masked token's row gets nothing
     assert grad[0, 1].abs().max() > 0.0
+
+
+def test_the_hook_reports_what_the_support_leaves_out_and_the_sampled_kl() -> None:
+    """The student's sampled-token log-probs (free with the loss) and both tail masses, reduced
+    like the loss, against plain log-softmax sums."""
+    batch, logits, teacher_logits = _hook_case(k=2)
+    _, metrics = _hook(batch, logits, mopd_topk=2)
+    sums = {"reverse": 0.0, "teacher_tail": 0.0, "student_tail": 0.0}
+    for rows, z, t, mask, lp in zip(
+        LOGIT_ROWS,
+        teacher_logits,
+        batch["unconcat_tokens"],
+        batch["loss_masks"],
+        batch["teacher_log_probs"],
+        strict=True,
+    ):
+        y = t[-len(rows) :]
+        log_s = torch.log_softmax(logits.detach()[0, rows].double() / TEMPERATURE, -1)
+        log_t = torch.log_softmax(z.double() / TEMPERATURE, -1)
+        inside = torch.zeros_like(log_t, dtype=torch.bool)
+        inside.scatter_(-1, log_t.topk(2).indices, True)
+        inside.scatter_(-1, y[:, None], True)
+        m = mask.double()
+        picked = log_s.gather(-1, y[:, None]).squeeze(-1)
+        sums["reverse"] += float((m * (picked - lp.double())).sum() / m.sum())
+        for name, lps in (("teacher_tail", log_t), ("student_tail", log_s)):
+            mass = lps.exp().masked_fill(inside, 0.0).sum(-1)
+            sums[name] += float((m * mass).sum() / m.sum())
+    assert metrics["mopd_reverse_kl"].item() == pytest.approx(sums["reverse"], rel=1e-5)
+    assert sums["teacher_tail"] > 0.01 and sums["student_tail"] > 0.01
+    for name in ("teacher_tail", "student_tail"):
+        got = metrics[f"mopd_topk_{name}_mass"].item()
+        assert got == pytest.approx(sums[name], rel=1e-5), name
 
 
 @pytest.mark.parametrize("b", [0.0, 0.5])

@@ -11,7 +11,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from dressage.training.log_probs import causal_lm_response_log_probs
+from dressage.training.log_probs import (
+    causal_lm_response_log_probs,
+    causal_lm_response_log_softmax,
+)
+from dressage.training.mopd_topk import TeacherSupport, support_of
 from dressage.training.teacher_rotation import TeacherBank, plan_micro_batches
 from dressage.training.weight_streaming import InlineCopies, LayerStreamer, find_layer_list
 from tests.training.train_data_factory import load_tiny, tiny_dir
@@ -138,6 +142,83 @@ def test_full_tags_get_the_whole_log_softmax_at_their_response_positions(
         assert torch.allclose(picked, alone[i], atol=1e-5), i
     after = _snapshot(student)
     assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def _supports(scores: list[torch.Tensor]) -> list[TeacherSupport | None]:
+    return [support_of(s) for s in scores]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "streamed"])
+def test_topk_tags_carry_each_models_top_k_on_its_sampled_token_log_probs(
+    student: nn.Module,
+    bank: TeacherBank,
+    batch: tuple[list[torch.Tensor], list[int]],
+    alone: list[torch.Tensor],
+    overlap: bool,
+) -> None:
+    tokens, resp = batch
+    models = {"student": student, "math": load_tiny(1), "code": load_tiny(2)}
+    before = _snapshot(student)
+    scores = bank.score(
+        tokens, resp, TAGS, max_tokens=20, overlap=overlap, topk_tags={"math", "code"}, topk=4
+    )
+    for i, tag in enumerate(TAGS):
+        assert scores[i].shape == (resp[i],)
+        assert torch.allclose(scores[i], alone[i], atol=1e-5), (i, tag)
+        support = support_of(scores[i])
+        if tag == "student":  # the student's own pass keeps no support
+            assert support is None, i
+            continue
+        assert support is not None and support.ids.shape == (resp[i], 4), i
+        with torch.no_grad():
+            dist = causal_lm_response_log_softmax(models[tag], [tokens[i]], [resp[i]])[0]
+        top = dist.topk(4, dim=-1)
+        assert torch.equal(support.ids.long(), top.indices), (i, tag)
+        assert torch.allclose(support.log_probs, top.values, atol=1e-5), (i, tag)
+        kept = torch.zeros_like(dist, dtype=torch.bool).scatter_(-1, top.indices, True)
+        kept.scatter_(-1, tokens[i][-resp[i] :, None], True)
+        tail = dist.masked_fill(kept, float("-inf")).logsumexp(-1)
+        assert torch.allclose(support.tail, tail, atol=1e-4), (i, tag)
+    after = _snapshot(student)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_sequential_and_streamed_scoring_give_the_same_top_k_supports(
+    bank: TeacherBank, batch: tuple[list[torch.Tensor], list[int]]
+) -> None:
+    tokens, resp = batch
+    runs = [
+        bank.score(tokens, resp, TAGS, max_tokens=20, overlap=overlap, topk_tags={"math"}, topk=3)
+        for overlap in (False, True)
+    ]
+    sequential, streamed = (_supports(run) for run in runs)
+    assert [s is not None for s in sequential] == [tag == "math" for tag in TAGS]
+    for i, (a, b) in enumerate(zip(sequential, streamed, strict=True)):
+        assert torch.allclose(runs[0][i], runs[1][i], atol=1e-6), i
+        if a is None or b is None:
+            assert a is None and b is None, i
+            continue
+        assert torch.equal(a.ids, b.ids), i
+        assert torch.allclose(a.log_probs, b.log_probs, atol=1e-6), i
+        assert torch.allclose(a.tail, b.tail, atol=1e-6), i
+
+
+def test_topk_scoring_refuses_what_it_cannot_do(
+    student: nn.Module, bank: TeacherBank, batch: tuple[list[torch.Tensor], list[int]]
+) -> None:
+    tokens, resp = batch
+    vocab = student.get_output_embeddings().weight.shape[0]
+    for options, message in (
+        ({"topk_tags": {"math"}}, r"topk_tags \['math'\] need topk >= 1, got 0"),
+        ({"topk_tags": {"math"}, "full_tags": {"math"}, "topk": 2}, r"in both full_tags and"),
+        ({"topk_tags": {"math"}, "topk": vocab + 1}, rf"--mopd-topk {vocab + 1} must be between"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            bank.score(tokens[:2], resp[:2], ["math", "student"], overlap=False, **options)
+    custom = TeacherBank(student, forward=lambda t, r, e: [torch.zeros(n) for n in r])
+    with pytest.raises(ValueError, match="need the bank's own Hugging Face forward"):
+        custom.score(tokens[:1], resp[:1], ["student"], topk_tags={"student"}, topk=2)
+    custom.close()
 
 
 def test_streamed_copies_interleave_with_the_previous_models_layers(

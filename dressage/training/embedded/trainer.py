@@ -18,11 +18,12 @@ Per ``train`` call, as slime's ``train_actor``: check the data (before any forwa
 samples of whole steps (``global_batch_size`` rollouts each, trailing rollouts dropped); score
 log-probs without gradient (student, each sample's teacher via a :class:`TeacherBank`, the
 reference model when a KL needs it; with ``--mopd-objective dense`` also each teacher's whole
-log-softmax at the response positions, ``teacher_full_log_probs``); advantages (custom hook or
-built-in estimator); then per step: per micro-batch packed logits ``[1, T, V]``, the loss hook
-with slime's reducer, backward of ``loss / G`` (``G`` = rollouts per step; ``/ tokens`` with
-``--calculate-per-token-loss``), so the gradient is ``(1/G) sum over rollouts of each rollout's
-token-mean loss``; grad clip; AdamW.
+log-softmax at the response positions, ``teacher_full_log_probs``; with ``topk`` each teacher's
+top-``--mopd-topk`` support riding on ``teacher_log_probs``, nothing ``[R, V]`` kept);
+advantages (custom hook or built-in estimator); then per step: per micro-batch packed logits
+``[1, T, V]``, the loss hook with slime's reducer, backward of ``loss / G`` (``G`` = rollouts
+per step; ``/ tokens`` with ``--calculate-per-token-loss``), so the gradient is ``(1/G) sum over
+rollouts of each rollout's token-mean loss``; grad clip; AdamW.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dressage.causal_lm import output_embedding_module
 from dressage.slime.hooks import load_function
 from dressage.training.embedded.advantages import compute_advantages_and_returns
 from dressage.training.embedded.args import LR_DECAY_STYLES, SLIME_TRAIN_DEFAULTS
@@ -49,6 +51,7 @@ from dressage.training.log_probs import causal_lm_packed_logits, causal_lm_respo
 from dressage.training.losses import policy_loss, sft_loss
 from dressage.training.mopd_dense import mopd_objective
 from dressage.training.mopd_metrics import pop_rollout_metrics
+from dressage.training.mopd_topk import mopd_topk
 from dressage.training.reducer import get_sum_of_sample_mean
 from dressage.training.teacher_rotation import TeacherBank, plan_micro_batches
 
@@ -114,8 +117,11 @@ class EmbeddedTrainer:
             raise ValueError(
                 f"lr_decay_style {args.lr_decay_style!r}: expected one of {LR_DECAY_STYLES}"
             )
-        # dense MOPD: the teachers' whole log-softmax at response positions goes to the loss
-        self.dense = mopd_objective(args) == "dense"
+        # dense MOPD: the teachers' whole log-softmax at response positions goes to the loss;
+        # topk: their top-K supports, on the teacher log-probs
+        objective = mopd_objective(args)
+        self.dense = objective == "dense"
+        self.topk = mopd_topk(args) if objective == "topk" else 0
         path = model_path or getattr(args, "hf_checkpoint", None)
         if path is None:
             raise ValueError("no student model: pass model_path or set args.hf_checkpoint")
@@ -126,6 +132,7 @@ class EmbeddedTrainer:
         torch.manual_seed(int(getattr(args, "seed", 1234)))
         model: nn.Module = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype)
         self.model = model.to(self.device).eval()  # no dropout: old == new log-probs at step 0
+        self._check_topk()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=float(args.lr),
@@ -159,6 +166,14 @@ class EmbeddedTrainer:
         for tid, path in self.teachers.items():
             if not Path(path).exists():
                 raise FileNotFoundError(f"teacher {tid!r}: checkpoint {path} does not exist")
+
+    def _check_topk(self) -> None:
+        vocab = int(output_embedding_module(self.model).get_parameter("weight").shape[0])
+        if self.topk > vocab:
+            raise ValueError(
+                f"--mopd-topk {self.topk} exceeds the student's vocabulary of {vocab} tokens "
+                f"(its output embedding rows); use at most {vocab}"
+            )
 
     def _build_bank(self) -> TeacherBank | None:
         opd = self._opd_teacher()
@@ -237,15 +252,24 @@ class EmbeddedTrainer:
             tags += [_REF_TAG] * n
         max_tokens = int(getattr(self.args, "log_probs_max_tokens", 16384))
         # dense MOPD: each teacher's whole log-softmax, from which its sampled-token log-probs
-        # are read, so a teacher still runs once
-        full = set(tags[n : 2 * n]) if self.dense and "teacher_log_probs" in keys else set()
+        # are read, so a teacher still runs once; topk: its sampled-token log-probs carry its
+        # top-K supports
+        teacher_tags = set(tags[n : 2 * n]) if "teacher_log_probs" in keys else set()
+        full = teacher_tags if self.dense else set()
+        topk = teacher_tags if self.topk else set()
         with torch.no_grad(), self._autocast():
             if self.bank is None:
                 out = self._score_student(tokens, resp, max_tokens)
             else:
                 k = len(keys)
                 out = self.bank.score(
-                    list(tokens) * k, list(resp) * k, tags, max_tokens=max_tokens, full_tags=full
+                    list(tokens) * k,
+                    list(resp) * k,
+                    tags,
+                    max_tokens=max_tokens,
+                    full_tags=full,
+                    topk_tags=topk,
+                    topk=self.topk,
                 )
         for j, key in enumerate(keys):
             rollout_data[key] = out[j * n : (j + 1) * n]
