@@ -415,7 +415,7 @@ def slime_objective_problems(args: Any) -> list[Problem]:
             "--allgather-cp",
             "--mopd-objective topk cannot run with --allgather-cp: its teacher support and "
             "loss follow slime's zigzag context-parallel layout, which --allgather-cp replaces "
-            "with another; drop --allgather-cp",
+            "with another; drop --allgather-cp or use --mopd-objective sampled",
         )
     if objective == "topk" and top_p is not None and top_p < 1.0:
         bad(
@@ -423,7 +423,7 @@ def slime_objective_problems(args: Any) -> list[Problem]:
             f"--mopd-objective topk cannot run with --rollout-top-p {top_p} (below 1): "
             "slime's top-p replay masks the log-probs outside the rollout's nucleus, the "
             "log-probs the teacher's top-K support and tail are built from; use "
-            "--rollout-top-p 1",
+            "--rollout-top-p 1 or --mopd-objective sampled",
         )
     return problems
 

@@ -37,7 +37,10 @@ MopdObjective = Literal["sampled", "dense", "topk"]
 (:mod:`dressage.training.mopd_dense`, embedded trainer only); or the KL over the teacher's
 top-K support and a tail bucket (:mod:`dressage.training.mopd_topk`, both backends)."""
 MOPD_OBJECTIVES: tuple[MopdObjective, ...] = get_args(MopdObjective)
-DEFAULT_MOPD_OBJECTIVE: MopdObjective = "sampled"
+DEFAULT_MOPD_OBJECTIVE: MopdObjective = "topk"
+"""What a MOPD job and ``dressage.training.mopd_train`` run unless told otherwise: the top-k
+objective, the one that moves skills and runs on both backends (README, "MOPD objectives";
+the embedded demo sets ``dense``, ``EMBEDDED_MOPD_OPTIONS``)."""
 DEFAULT_MOPD_TOPK = 16
 """K when ``--mopd-topk`` is not given (docs/mopd_objectives.md says why)."""
 

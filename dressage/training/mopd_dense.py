@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dressage.config.job import DEFAULT_MOPD_OBJECTIVE, MOPD_OBJECTIVES, MopdObjective
+from dressage.config.job import MOPD_OBJECTIVES, MopdObjective
 from dressage.training.log_probs import chunk_rows, response_positions
 from dressage.training.megatron_path import megatron_active
 from dressage.training.reducer import Reducer
@@ -44,8 +44,13 @@ __all__ = ["dense_reverse_kl_loss", "mopd_objective", "reverse_kl"]
 
 
 def mopd_objective(args: Namespace) -> MopdObjective:
-    """``args.mopd_objective`` (None or absent: ``sampled``), checked."""
-    value = getattr(args, "mopd_objective", None) or DEFAULT_MOPD_OBJECTIVE
+    """``args.mopd_objective`` (None or absent: ``sampled``), checked.
+
+    Absent means the hooks run under a slime command that never registered the MOPD flags
+    (``dressage.training.mopd_train`` and the jobs always set it, by default
+    :data:`dressage.config.run.DEFAULT_MOPD_OBJECTIVE`): only ``sampled`` needs nothing beyond
+    slime's own teacher log-probs there."""
+    value = getattr(args, "mopd_objective", None) or "sampled"
     for objective in MOPD_OBJECTIVES:
         if value == objective:
             return objective

@@ -65,7 +65,7 @@ def check_topk_options(args: Namespace) -> None:
             f"--mopd-objective topk supports neither --allgather-cp (got {allgather_cp}) nor "
             f"--rollout-top-p below 1 (got {top_p}): its teacher support follows slime's zigzag "
             "context-parallel layout and is taken from the teacher's unmasked distribution; drop "
-            "--allgather-cp and set --rollout-top-p 1"
+            "--allgather-cp and set --rollout-top-p 1, or use --mopd-objective sampled"
         )
     mopd_topk(args)  # K >= 1
 

@@ -117,8 +117,8 @@ def test_job_settings_the_job_would_refuse_are_one_sentence_each(
     ]
     (refused,) = job_settings_problems(plan("mopd", kl_loss_coef=0.1))
     assert refused.startswith("More job settings (extra): kl_loss_coef 0.1 is GRPO-only")
-    (refused,) = job_settings_problems(plan("mopd", mopd_topk=8))
-    assert "mopd_topk 8 needs mopd_objective 'topk' (got 'sampled')" in refused
+    (refused,) = job_settings_problems(plan("mopd", mopd_objective="dense", mopd_topk=8))
+    assert "mopd_topk 8 needs mopd_objective 'topk' (got 'dense')" in refused
     # another job module reads advanced its own way
     monkeypatch.setenv("DRESSAGE_JOB_MODULE", "tests.airflow.contract_job")
     assert job_settings_problems(plan("grpo", contract_job={"fail_at_step": 1})) == []
@@ -149,8 +149,10 @@ def test_the_mopd_objective_on_the_ray_backend_is_checked_when_the_run_is_planne
     assert problems(mopd_objective="topk", cluster=cluster) == [
         "More job settings (extra): --mopd-objective topk cannot run with --allgather-cp: its "
         "teacher support and loss follow slime's zigzag context-parallel layout, which "
-        "--allgather-cp replaces with another; drop --allgather-cp",
+        "--allgather-cp replaces with another; drop --allgather-cp or use --mopd-objective "
+        "sampled",
         "More job settings (extra): --mopd-objective topk cannot run with --rollout-top-p 0.9 "
         "(below 1): slime's top-p replay masks the log-probs outside the rollout's nucleus, the "
-        "log-probs the teacher's top-K support and tail are built from; use --rollout-top-p 1",
+        "log-probs the teacher's top-K support and tail are built from; use --rollout-top-p 1 "
+        "or --mopd-objective sampled",
     ]

@@ -146,7 +146,11 @@ def test_grpos_kl_and_entropy_terms_and_group_filter_reach_slime(tmp_path: Path)
 
 
 def test_the_mopd_objective_and_its_top_k_reach_slime(tmp_path: Path) -> None:
-    assert _value(_plan(_run(tmp_path)).argv, "--mopd-objective") == "sampled"
+    default = _plan(_run(tmp_path)).argv
+    assert _value(default, "--mopd-objective") == "topk"  # the cluster default
+    assert "--mopd-topk" not in default  # slime's side falls back to DEFAULT_MOPD_TOPK
+    sampled = _plan(_run(tmp_path, mopd_objective="sampled")).argv
+    assert _value(sampled, "--mopd-objective") == "sampled"
     run = _run(tmp_path, mopd_objective="topk", mopd_topk=8, mopd_forward_kl_weight=0.5)
     plan = _plan(run)
     assert _value(plan.argv, "--mopd-objective") == "topk"

@@ -38,9 +38,9 @@ def test_the_mopd_objective_reaches_the_trainer(tmp_path: Path, objective: str) 
     assert args.mopd_objective == objective
 
 
-def test_the_default_objective_is_sampled(tmp_path: Path) -> None:
+def test_the_default_objective_is_topk(tmp_path: Path) -> None:
     args = job_args(_run(tmp_path), JobOptions.model_validate({}), student=tmp_path, admin_key=None)
-    assert args.mopd_objective == "sampled" and args.mopd_topk is None
+    assert args.mopd_objective == "topk" and args.mopd_topk is None  # K: DEFAULT_MOPD_TOPK
 
 
 def test_the_top_k_reaches_the_trainer(tmp_path: Path) -> None:
@@ -77,7 +77,8 @@ def test_topk_on_the_ray_backend_is_refused_only_beside_what_it_cannot_run_with(
         "--mopd-objective topk cannot run with --allgather-cp",
         "--mopd-objective topk cannot run with --rollout-top-p 0.9 (below 1)",
     ]
-    assert advanced_problems(_ray(_run(tmp_path, cluster=cluster))) == []  # sampled runs
+    sampled = _run(tmp_path, mopd_objective="sampled", cluster=cluster)
+    assert advanced_problems(_ray(sampled)) == []  # sampled runs beside both
     embedded = _run(tmp_path, mopd_objective="topk", cluster=cluster)
     assert advanced_problems(embedded) == []  # cluster options are the ray backend's
 

@@ -7,7 +7,6 @@ check is the command's own ``main``.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

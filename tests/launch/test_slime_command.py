@@ -90,7 +90,7 @@ def test_the_command_carries_every_mopd_flag(tmp_path: Path) -> None:
 
 def test_the_objective_and_its_settings_reach_the_driver(tmp_path: Path) -> None:
     argv = build_mopd_command(_run(tmp_path), environ={})
-    assert _value(argv, "--mopd-objective") == "sampled"
+    assert _value(argv, "--mopd-objective") == "topk"  # the default
     assert "--mopd-topk" not in argv and "--mopd-forward-kl-weight" not in argv
     run = _run(tmp_path, mopd_objective="topk", mopd_topk=8, mopd_forward_kl_weight=0.25)
     argv = build_mopd_command(run, environ={})
@@ -228,14 +228,15 @@ def test_topk_is_refused_beside_allgather_cp_and_a_rollout_top_p_below_one(
     assert (
         "option --rollout-top-p: --mopd-objective topk cannot run with --rollout-top-p 0.95"
     ) in message
-    build_mopd_job(_run(tmp_path, extra_args=extra), environ={})  # sampled runs with both
+    sampled = _run(tmp_path, mopd_objective="sampled", extra_args=extra)
+    build_mopd_job(sampled, environ={})  # sampled runs with both
 
 
 def test_the_objective_flags_come_from_the_run_config_not_extra_args(tmp_path: Path) -> None:
     message = _problems(tmp_path, extra_args=["--mopd-topk", "4", "--mopd-objective", "topk"])
     assert "option --mopd-topk: set by the run config" in message
     assert "option --mopd-objective: set by the run config" in message
-    message = _problems(tmp_path, mopd_topk=4)
+    message = _problems(tmp_path, mopd_objective="sampled", mopd_topk=4)
     assert "option --mopd-topk: --mopd-topk 4 needs --mopd-objective topk" in message
 
 

@@ -155,11 +155,11 @@ def test_the_slime_flag_takes_the_three_objectives(capsys: pytest.CaptureFixture
     parser = add_mopd_arguments(argparse.ArgumentParser())
     defaults = parser.parse_args([])
     assert (defaults.mopd_objective, defaults.mopd_topk, defaults.mopd_forward_kl_weight) == (
-        "sampled",
+        "topk",
         None,
         0.0,
     )
-    for objective in ("dense", "topk"):
+    for objective in ("sampled", "dense"):
         assert parser.parse_args(["--mopd-objective", objective]).mopd_objective == objective
     parsed = parser.parse_args(["--mopd-topk", "8", "--mopd-forward-kl-weight", "0.5"])
     assert (parsed.mopd_topk, parsed.mopd_forward_kl_weight) == (8, 0.5)
@@ -174,8 +174,8 @@ def test_the_slime_flag_takes_the_three_objectives(capsys: pytest.CaptureFixture
 def test_the_job_option_takes_the_three_objectives() -> None:
     from dressage.config.job import JobOptions
 
-    assert JobOptions.model_validate({}).mopd_objective == "sampled"
-    for objective in ("dense", "topk"):
+    assert JobOptions.model_validate({}).mopd_objective == "topk"
+    for objective in ("sampled", "dense"):
         assert JobOptions.model_validate({"mopd_objective": objective}).mopd_objective == objective
     with pytest.raises(ValidationError, match="mopd_objective"):
         JobOptions.model_validate({"mopd_objective": "full"})
@@ -237,6 +237,6 @@ def test_the_forward_share_is_a_job_option_of_dense_and_topk() -> None:
         options = {"mopd_objective": objective, "mopd_forward_kl_weight": 0.5}
         assert JobOptions.model_validate(options).mopd_forward_kl_weight == 0.5
     with pytest.raises(ValidationError, match="needs mopd_objective 'dense' or 'topk'"):
-        JobOptions.model_validate({"mopd_forward_kl_weight": 0.5})
+        JobOptions.model_validate({"mopd_objective": "sampled", "mopd_forward_kl_weight": 0.5})
     with pytest.raises(ValidationError, match="mopd_forward_kl_weight"):
         JobOptions.model_validate({"mopd_objective": "dense", "mopd_forward_kl_weight": 2})

@@ -74,7 +74,7 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "opd_kl_coef": 1.0,
     "opd_teacher_load": None,
     "mopd_advantage_clip": None,
-    "mopd_objective": "sampled",  # --mopd-objective (dressage.training.mopd_dense)
+    "mopd_objective": "sampled",  # the hooks' reading when unset (the jobs set it: mopd_dense)
     "mopd_topk": None,  # --mopd-topk K of topk (None: dressage.training.mopd_topk's default)
     "mopd_forward_kl_weight": 0.0,  # the dense loss's forward-KL share (JobOptions)
     "log_prob_function_path": None,
