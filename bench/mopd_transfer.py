@@ -3,6 +3,8 @@
     python bench/mopd_transfer.py --parallel 12          # 3 seeds, 100 steps: 215 s on 16 cores
     python bench/mopd_transfer.py --parallel 4           # the same on 2 cores: ~27 min
     python bench/mopd_transfer.py --steps 10 --seeds 0   # a smoke run
+    python bench/mopd_transfer.py --steps 3 --seeds 0 --objective topk --topk 4
+                                                          # another MOPD objective (default dense)
     python bench/mopd_transfer.py --config configs/mopd/scale.json --device cuda --steps 150 \
         --eval-interval 10 --out R.json --plot R.png      # at scale (larger models), with curves
     python bench/mopd_transfer.py --merge S0.json S1.json S2.json --out R.json --plot R.png
@@ -11,7 +13,9 @@
 The embedded MOPD job itself (``python -m dressage.jobs.train`` against its own engine and
 recording proxy, the tool agent, the dense objective: what ``make demo`` runs), on
 ``configs/mopd/embedded.json``'s student, teachers and data, once per condition and seed
-(:mod:`dressage.testing.controls`):
+(:mod:`dressage.testing.controls`). ``--objective`` swaps the recipe's MOPD objective
+(``advanced.mopd_objective``: ``dense``, ``topk`` with ``--topk K``, or ``sampled``, which takes
+no forward-KL share) and keeps the rest of the recipe:
 
 - (a) ``configured``: each task scored by its own teacher;
 - (b) ``swapped``: each task scored by the other task's teacher;
@@ -49,11 +53,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dressage.config.job import (  # noqa: E402
+    DEFAULT_MOPD_TOPK,
+    EMBEDDED_MOPD_OPTIONS,
+    MOPD_OBJECTIVES,
+)
 from dressage.config.mopd import load_mopd_config  # noqa: E402
 from dressage.reporting.metrics import (  # noqa: E402
     ACCURACY,
     HELDOUT_KL,
     REVERSE_KL,
+    TOPK_STUDENT_TAIL,
+    TOPK_TEACHER_TAIL,
     read_metrics,
     series,
 )
@@ -69,6 +80,21 @@ from dressage.tiny.checkpoints import build_checkpoints, resolve_checkpoint  # n
 
 EMBEDDED = ROOT / "configs/mopd/embedded.json"
 TASKS = ("calculator", "lookup")
+RECIPE_OBJECTIVE = EMBEDDED_MOPD_OPTIONS["mopd_objective"]
+
+
+def objective_options(objective: str, topk: int | None) -> dict[str, Any]:
+    """The job's ``advanced`` MOPD options for ``objective``: the recipe's forward-KL share for
+    ``dense`` and ``topk`` (with K), none for ``sampled`` (its loss has no teacher distribution
+    to take one against)."""
+    if topk is not None and objective != "topk":
+        raise SystemExit(f"--topk {topk} needs --objective topk, got --objective {objective}")
+    options: dict[str, Any] = {"mopd_objective": objective}
+    if objective == "sampled":
+        options["mopd_forward_kl_weight"] = 0.0
+    if objective == "topk":
+        options["mopd_topk"] = DEFAULT_MOPD_TOPK if topk is None else topk
+    return options
 
 
 def run_one(
@@ -87,7 +113,10 @@ def run_one(
         prompts_per_step=args.batch,
         learning_rate=args.lr,
         device=args.device,
-        advanced={"eval_interval": args.eval_interval or args.steps},
+        advanced={
+            "eval_interval": args.eval_interval or args.steps,
+            **objective_options(args.objective, args.topk),
+        },
     )
     row: dict[str, Any] = {
         "condition": condition.name,
@@ -102,7 +131,8 @@ def run_one(
 
 def run_curves(metrics: Path) -> dict[str, dict[str, list[list[float]]]]:
     """A run's curves from its ``metrics.jsonl``, as [step, value] lists: held-out accuracy per
-    task (step -1: before training), sampled and held-out reverse KL per teacher."""
+    task (step -1: before training), sampled and held-out reverse KL per teacher, and with
+    ``topk`` the teacher's and the student's mass outside the support."""
     records = read_metrics(metrics)
     return {
         key: {
@@ -113,6 +143,8 @@ def run_curves(metrics: Path) -> dict[str, dict[str, list[list[float]]]]:
             ("accuracy_curves", ACCURACY),
             ("reverse_kl_curves", REVERSE_KL),
             ("heldout_kl_curves", HELDOUT_KL),
+            ("topk_teacher_tail_curves", TOPK_TEACHER_TAIL),  # topk only
+            ("topk_student_tail_curves", TOPK_STUDENT_TAIL),
         )
     }
 
@@ -172,6 +204,18 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32, help="prompts per step")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--objective",
+        choices=MOPD_OBJECTIVES,
+        default=RECIPE_OBJECTIVE,
+        help=f"the MOPD objective (default the embedded recipe's, {RECIPE_OBJECTIVE})",
+    )
+    parser.add_argument(
+        "--topk",
+        type=int,
+        default=None,
+        help=f"K of --objective topk (default {DEFAULT_MOPD_TOPK})",
+    )
     parser.add_argument("--parallel", type=int, default=1, help="runs at once")
     parser.add_argument("--out", type=Path, default=None, help="also write the results here")
     parser.add_argument("--config", type=Path, default=EMBEDDED, help="the MOPD config")
@@ -191,12 +235,13 @@ def main() -> int:
         nargs="+",
         default=None,
         help="run nothing: judge the runs of these --out files together (same config, steps, "
-        "batch and learning rate; their seeds and runs must not overlap)",
+        "batch, learning rate, objective and K; their seeds and runs must not overlap)",
     )
     args = parser.parse_args()
     if args.merge:
         return report(*merged_runs(args.merge), args)
 
+    options = objective_options(args.objective, args.topk)
     config = json.loads(args.config.read_text())
     built = build_checkpoints(load_mopd_config(args.config).built_specs())  # once; cached
     failed = [str(b) for b in built if isinstance(b, ValueError)]
@@ -225,13 +270,17 @@ def main() -> int:
         "lr": args.lr,
         "config": str(args.config),
         "device": args.device,
+        "objective": options["mopd_objective"],
+        "topk": options.get("mopd_topk"),
         "seconds": round(time.monotonic() - started, 1),
     }
     return report(results, settings, args)
 
 
-MERGED_SETTINGS = ("steps", "prompts_per_step", "lr", "config", "device")
+MERGED_SETTINGS = ("steps", "prompts_per_step", "lr", "config", "device", "objective", "topk")
 """What every merged file must agree on (their seeds and seconds add up instead)."""
+UNRECORDED = {"objective": "dense", "topk": None}
+"""Settings of files written before they were recorded: those runs were the dense recipe's."""
 
 
 def merged_runs(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -244,12 +293,12 @@ def merged_runs(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]
         saved = json.loads(path.read_text())
         verdict = saved["verdict"]
         for key in MERGED_SETTINGS:
-            if key in settings and settings[key] != verdict[key]:
+            value = verdict[key] if key in verdict else UNRECORDED[key]
+            if key in settings and settings[key] != value:
                 raise SystemExit(
-                    f"--merge: {path} has {key}={verdict[key]!r}, the files before it "
-                    f"{settings[key]!r}"
+                    f"--merge: {path} has {key}={value!r}, the files before it {settings[key]!r}"
                 )
-            settings[key] = verdict[key]
+            settings[key] = value
         seen = {(r["condition"], r["seed"]) for r in results}
         repeated = sorted({(r["condition"], r["seed"]) for r in saved["runs"]} & seen)
         if repeated:
@@ -273,6 +322,9 @@ def report(
         runs = [r for r in results if r["condition"] == name]
         table[name] = {t: summarise([r["after"][t] for r in runs]) for t in TASKS}
     table[NO_TRAINING] = {t: summarise([r["before"][t] for r in results]) for t in TASKS}
+    k = settings["topk"]
+    objective = settings["objective"] + (f", K = {k}" if k is not None else "")
+    print(f"objective {objective}")
     print(f"{'condition':<24} " + " ".join(f"{t:>18}" for t in TASKS))
     for name, row in table.items():
         cells = " ".join(f"{m:>10.0%} ± {s:<5.0%}" for m, s in (row[t] for t in TASKS))
@@ -296,7 +348,9 @@ def report(
     if args.out:
         args.out.write_text(json.dumps({"runs": results, "verdict": verdict}, indent=1))
     if args.plot:
-        plot_transfer(results, args.plot, title=f"{config_path.name}: {settings['steps']} steps")
+        plot_transfer(
+            results, args.plot, title=f"{config_path.name}, {objective}: {settings['steps']} steps"
+        )
     print(json.dumps(verdict))
     return 0
 

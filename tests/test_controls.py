@@ -89,9 +89,12 @@ def test_a_missing_row_is_named() -> None:
 # -- bench/mopd_transfer.py --merge: runs made apart (a seed a call), judged together -----------
 
 
-def _saved(tmp_path: Path, name: str, seed: int, *, lr: float = 2e-3) -> Path:
+def _saved(
+    tmp_path: Path, name: str, seed: int, *, lr: float = 2e-3, **recorded: str | int | None
+) -> Path:
     """One --out file: the four conditions of one seed, each one-teacher run learning only its
-    teacher's task."""
+    teacher's task; ``recorded``: further settings (a file from before they were recorded has
+    none)."""
     after = {
         "configured": {"calculator": 0.8 + seed / 100, "lookup": 1.0},
         "swapped": {"calculator": 0.0, "lookup": 0.0},
@@ -111,6 +114,7 @@ def _saved(tmp_path: Path, name: str, seed: int, *, lr: float = 2e-3) -> Path:
         "device": "cuda",
         "seeds": [seed],
         "seconds": 200.0 + seed,
+        **recorded,
     }
     path = tmp_path / name
     path.write_text(json.dumps({"runs": runs, "verdict": settings}))
@@ -135,6 +139,9 @@ def test_merge_judges_the_seeds_of_several_files_as_one_run(tmp_path: Path) -> N
     verdict = json.loads(done.stdout.strip().splitlines()[-1])
     assert verdict["met"] is True
     assert verdict["seeds"] == [0, 1, 2]
+    # files from before the objective was recorded: the dense recipe's runs
+    assert (verdict["objective"], verdict["topk"]) == ("dense", None)
+    assert done.stdout.startswith("objective dense\n")
     assert verdict["seconds_per_file"] == [200.0, 201.0, 202.0]
     configured = verdict["table"]["configured"]["calculator"]
     assert configured[0] == pytest.approx(0.81)
@@ -153,3 +160,21 @@ def test_merge_refuses_files_that_disagree_or_repeat_a_run(tmp_path: Path) -> No
     done = _merge(first, again)
     assert done.returncode != 0
     assert "repeats runs [('configured', 0)," in done.stderr
+
+
+def test_merge_refuses_files_of_another_objective_or_k(tmp_path: Path) -> None:
+    top4 = _saved(tmp_path, "a.json", 0, objective="topk", topk=4)
+    top8 = _saved(tmp_path, "b.json", 1, objective="topk", topk=8)
+    done = _merge(top4, top8)
+    assert done.returncode != 0
+    assert f"--merge: {top8} has topk=8, the files before it 4" in done.stderr
+    # a file from before the objective was recorded ran the dense recipe
+    unrecorded = _saved(tmp_path, "c.json", 1)
+    done = _merge(top4, unrecorded)
+    assert done.returncode != 0
+    assert f"--merge: {unrecorded} has objective='dense', the files before it 'topk'" in done.stderr
+    top4_again = _saved(tmp_path, "d.json", 1, objective="topk", topk=4)
+    done = _merge(top4, top4_again)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("objective topk, K = 4\n")
+    assert json.loads(done.stdout.strip().splitlines()[-1])["topk"] == 4

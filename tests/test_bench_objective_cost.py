@@ -1,0 +1,73 @@
+"""bench/mopd_objective_cost.py at tiny sizes on CPU: every objective runs through the trainer's
+path, dense is refused where its estimate does not fit, and the last line is the JSON verdict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.integration
+
+VERDICT_KEYS = {"metric", "unit", "baseline", "ours", "ratio", "target", "met"}
+
+
+def test_every_objective_runs_and_the_last_line_is_the_verdict(tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    # dense needs 2 x L x V x 4 bytes: 65,536 at L=16 and 32,768 at the sweep's V=256 fit in
+    # --free-gb 1e-4 (100,000 bytes); 131,072 at L=32 does not
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/mopd_objective_cost.py",
+            *("--device", "cpu", "--vocab", "512", "--hidden", "64", "--layers", "1"),
+            *("--lengths", "16,32", "--prompt", "8", "--topk", "4,1", "--repeats", "1"),
+            *("--sweep-vocabs", "256", "--free-gb", "1e-4", "--out", str(out)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert VERDICT_KEYS <= verdict.keys()
+    assert verdict["unit"] == "ms" and verdict["target"] == 1.15
+    assert isinstance(verdict["met"], bool)
+    assert verdict["baseline"] > 0 and verdict["ours"] > 0
+    assert verdict["ratio"] == pytest.approx(verdict["ours"] / verdict["baseline"], rel=1e-3)
+    assert verdict["dense"]["status"].startswith("refused: would need")
+
+    saved = json.loads(out.read_text())
+    assert saved["verdict"] == verdict
+    assert saved["command"].startswith("python bench/mopd_objective_cost.py --device cpu")
+    status = {(r["vocab"], r["length"], r["objective"]): r["status"] for r in saved["rows"]}
+    assert status == {
+        (512, 16, "sampled"): "ok",
+        (512, 16, "topk4"): "ok",
+        (512, 16, "topk1"): "ok",
+        (512, 16, "dense"): "ok",
+        (512, 32, "sampled"): "ok",
+        (512, 32, "topk4"): "ok",
+        (512, 32, "topk1"): "ok",
+        (512, 32, "dense"): status[(512, 32, "dense")],
+        (256, 16, "sampled"): "ok",
+        (256, 16, "topk4"): "ok",
+        (256, 16, "dense"): "ok",
+    }
+    assert status[(512, 32, "dense")].startswith("refused")
+    rows = {(r["vocab"], r["length"], r["objective"]): r for r in saved["rows"]}
+    # the same model stands for the teacher: the top-k pass scores the sampled tokens as the
+    # sampled pass does
+    assert all(r["teacher_gap"] < 1e-4 for key, r in rows.items() if key[2].startswith("topk"))
+    # what the teacher pass keeps: R floats, R (2K + 2) values, R x V floats (+ R)
+    assert rows[(512, 16, "sampled")]["kept_mb"] == pytest.approx(16 * 4 / 1e6, abs=1e-4)
+    assert rows[(512, 16, "dense")]["kept_mb"] == pytest.approx(16 * 513 * 4 / 1e6, abs=1e-4)
+    assert saved["vocab_sweep"]["vocab"] == [256, 512]
+    dense_kept = [entry["kept_mb"] for entry in saved["vocab_sweep"]["dense"]]
+    assert dense_kept[1] == pytest.approx(2 * dense_kept[0], rel=1e-2)
