@@ -139,6 +139,10 @@ class JobOptions(BaseModel):
     eval_interval: int | None = Field(1, ge=1)
     """Steps between held-out accuracy passes (slime's ``--eval-interval``; the embedded job,
     when the datasets have ``eval_path`` rows); None: only before and after the run."""
+    save_interval: int = Field(10, ge=1)
+    """Steps between checkpoints, and one after the last (slime's ``--save-interval``), in
+    ``output_dir/checkpoints/``; rerunning the job on the same ``output_dir`` resumes from the
+    newest (the embedded backend; slime's ``--load`` on the ray backend's MOPD command)."""
     cluster: ClusterOptions = ClusterOptions()
     """The ray backend's parallelism, GPUs, W&B and further slime flags."""
 

@@ -131,11 +131,13 @@ def cluster_plan(
     environ: Mapping[str, str],
     optimizer: Sequence[str] = (),
     rollout: Sequence[str] = (),
+    save_interval: int | None = None,
 ) -> ClusterPlan:
     """Validate and build (raises :class:`~dressage.config.mopd.MopdConfigError` for MOPD).
     ``optimizer``: slime flags (:func:`optimizer_flags`) placed before ``cluster.extra_args``,
     which can still override them; ``rollout``: the partial rollout's (:func:`rollout_flags`),
-    for GRPO with partial rollout (MOPD's driver runs slime's own rollout)."""
+    for GRPO with partial rollout (MOPD's driver runs slime's own rollout); ``save_interval``:
+    slime's ``--save-interval`` (default: once, after the last step)."""
     out = Path(run.output_dir)
     proxy_url = f"http://{host}:{cluster.proxy_port}"
     router = ["--sglang-router-ip", host, "--sglang-router-port", str(cluster.router_port)]
@@ -154,7 +156,7 @@ def cluster_plan(
             output_dir=str(out),
             hf_checkpoint=run.student,
             num_rollout=run.num_steps,
-            save_interval=run.num_steps,
+            save_interval=save_interval or run.num_steps,
             rollout_batch_size=run.rollout_batch_size,
             rollout_max_response_len=max_response_len,
             rollout_temperature=temperature,
@@ -172,7 +174,8 @@ def cluster_plan(
         return ClusterPlan(proxy_argv=proxy_argv, proxy_url=proxy_url, argv=job.argv, env=job.env)
     n, rbs = n_samples_per_prompt, run.rollout_batch_size
     argv = [cluster.python, "-m", GRPO_DRIVER, "--hf-checkpoint", run.student]
-    argv += ["--save", str(out / "checkpoints"), "--save-interval", str(run.num_steps)]
+    argv += ["--save", str(out / "checkpoints")]
+    argv += ["--save-interval", str(save_interval or run.num_steps)]
     argv += layout_flags(cluster)
     argv += ["--num-rollout", str(run.num_steps), "--update-weights-interval", "1"]
     argv += ["--rollout-batch-size", str(rbs), "--n-samples-per-prompt", str(n)]

@@ -12,6 +12,8 @@ post-processing (``dressage.config.mopd.MOPD_HOOKS``) with one sample per prompt
 slime's GRPO estimator and policy loss with ``n_samples_per_prompt`` samples per prompt. One
 optimizer step per rollout (``global_batch_size`` = prompts x samples per prompt) unless
 ``num_steps_per_rollout`` splits it, as slime's flag of that name does.
+Checkpoints go to ``output_dir/checkpoints`` every ``save_interval`` steps (``--save``,
+``--save-interval``), and ``--load`` is the same folder, so rerunning the job resumes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def job_args(
     """The run's slime-named options (see the module docstring)."""
     mopd = run.objective == "mopd"
     n = 1 if mopd else options.n_samples_per_prompt
+    checkpoints = Path(run.output_dir) / "checkpoints"
     values: dict[str, object] = {
         # trainer (dressage.training.embedded)
         "hf_checkpoint": str(student),
@@ -54,7 +57,9 @@ def job_args(
         # driver (slime's train_async.py names)
         "num_rollout": run.num_steps,
         "update_weights_interval": 1,
-        "save_interval": run.num_steps,
+        "save": str(checkpoints),
+        "save_interval": options.save_interval,
+        "load": str(checkpoints),  # the run's own: a rerun resumes (none yet: starts fresh)
         "eval_interval": options.eval_interval,
         # rollout
         "rollout_function_path": (

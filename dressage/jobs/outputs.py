@@ -10,6 +10,11 @@ and ``train_data``), one ``metrics.jsonl`` record ``{"step", "time", "metrics"}`
 the trainer's and the weight update's that preceded the step, ``pause/*``), and a progress line
 on stdout. An eval pass (:meth:`RunOutputs.evaluation`) adds a record of the step it followed
 (``-1``: before training). ``summary.json`` at the end.
+
+A job resumed from a checkpoint passes ``resume_step`` (the checkpoint's metrics step): records
+of later steps are dropped from ``metrics.jsonl`` (the job writes those steps again) and the
+artifacts of those steps are replaced as they are written. A fresh start drops an earlier
+attempt's records altogether.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dressage.proxy.client import ProxyClientError, SyncProxyClient
+from dressage.reporting.metrics import read_metrics
 from dressage.schemas import (
     samples_to_table,
     segments_to_table,
@@ -70,12 +76,22 @@ def pause_metrics(event: Mapping[str, Any] | None) -> dict[str, float]:
 class RunOutputs:
     """The job's output folder (see the module docstring)."""
 
-    def __init__(self, output_dir: Path, *, num_steps: int, proxy: SyncProxyClient | None) -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        *,
+        num_steps: int,
+        proxy: SyncProxyClient | None,
+        resume_step: int | None = None,
+    ) -> None:
         self.dir = output_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.num_steps = num_steps
         self.proxy = proxy
-        self.sink = MetricsSink(self.dir / "metrics.jsonl")
+        log_path = self.dir / "metrics.jsonl"
+        if resume_step is None:
+            log_path.unlink(missing_ok=True)
+        self.sink = MetricsSink(log_path, keep_through=resume_step)
         self.started = time.monotonic()
         self.last: dict[str, Any] = {}
 
@@ -138,6 +154,14 @@ class RunOutputs:
         )
         when = "before training" if step < 0 else f"after step {step + 1}/{self.num_steps}"
         print(f"held-out accuracy {when}: {shown}", flush=True)
+
+    def evaluation_before_training(self) -> dict[str, float]:
+        """The metrics logged at step ``-1`` (a resumed job measures them only once)."""
+        out: dict[str, float] = {}
+        for record in read_metrics(self.sink.path):
+            if record["step"] == -1:
+                out |= {k: v for k, v in record["metrics"].items() if v is not None}
+        return out
 
     def finish(self, summary: Mapping[str, Any]) -> Path:
         self.sink.close()

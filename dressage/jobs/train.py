@@ -15,7 +15,10 @@ engine's control key, ``DRESSAGE_ENGINE_ADMIN_KEY``), with the proxy paused arou
 (``DRESSAGE_PROXY_PAUSE_*``). On the ray backend (a Ray job on the
 cluster) it starts the proxy on this node and runs slime's command line
 (:mod:`dressage.jobs.cluster`). What it writes is described in
-:mod:`dressage.jobs.outputs`; checkpoints go to ``output_dir/checkpoints/``.
+:mod:`dressage.jobs.outputs`; checkpoints go to ``output_dir/checkpoints/`` every
+``advanced.save_interval`` steps and after the last, and rerunning the job on the same
+``output_dir`` resumes from the newest (embedded: :mod:`dressage.training.embedded.checkpoint`;
+a checkpoint of another student or other teachers is refused, exit 2).
 
 Exit status: 0 done; 2 a run config that cannot run (the message says why); 1 a failure during
 the run (with its traceback).
@@ -109,6 +112,7 @@ def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
             environ=os.environ,
             optimizer=[*optimizer_flags(options), *grpo_loss_flags(options)],
             rollout=rollout_flags(options),
+            save_interval=options.save_interval,
         )
         return run_on_cluster(plan)
     except (MopdConfigError, ValueError) as exc:
@@ -136,8 +140,10 @@ def run_job(run_config: Path) -> dict[str, Any]:
     """Run RUN.json to the end; returns the summary (see the module docstring)."""
     from dressage.proxy.client import SyncProxyClient
     from dressage.rollout.data_source import MopdDataSource
+    from dressage.training.checkpoints import CheckpointError
     from dressage.training.embedded import EmbeddedTrainer
     from dressage.training.embedded.async_backend import EmbeddedAsyncBackend, RolloutBatch
+    from dressage.training.embedded.checkpoint import load_checkpoint
     from dressage.training.embedded.evaluation import HeldOutAccuracy, teacher_accuracy
     from dressage.training.embedded.rollout import EmbeddedRolloutManager
     from dressage.training.proxy_pause_client import RolloutPause
@@ -178,13 +184,20 @@ def run_job(run_config: Path) -> dict[str, Any]:
 
     trainer = EmbeddedTrainer(args, teachers=teachers)
     manager = EmbeddedRolloutManager(args, MopdDataSource(args))
+    try:
+        resumed = load_checkpoint(args, trainer, manager)
+    except (CheckpointError, ValueError) as exc:  # another model or config, a damaged file
+        raise JobConfigError(str(exc)) from None
+    start = int(args.start_rollout_id or 0)
+    if resumed is not None:
+        print(f"resuming from {resumed.folder}: step {start + 1}/{run.num_steps}", flush=True)
     probe = None
     initial: dict[str, float] = {}
     if run.objective == "mopd":  # the exact reverse KL on held-out rows (datasets' eval_path)
         from dressage.training.embedded.probe import HeldOutProbe
 
         probe = HeldOutProbe.collect(args, config)
-        if probe is not None:
+        if probe is not None and resumed is None:  # a resumed run measured it before
             initial = probe.measure(trainer.model)
             shown = " ".join(f"{k}={v:.4f}" for k, v in initial.items())
             print(f"held-out reverse KL before training: {shown}", flush=True)
@@ -193,9 +206,20 @@ def run_job(run_config: Path) -> dict[str, Any]:
     )
     pause = RolloutPause.from_env(proxy_url=run.proxy_url, admin_key=admin_key)
     with SyncProxyClient(run.proxy_url, admin_key=admin_key) as proxy:
-        outputs = RunOutputs(output, num_steps=run.num_steps, proxy=proxy)
+        outputs = RunOutputs(
+            output,
+            num_steps=run.num_steps,
+            proxy=proxy,
+            resume_step=resumed.metrics_step if resumed is not None else None,
+        )
         initial_accuracy: dict[str, float] = {}
-        if accuracy is not None:  # the initial student, before any update
+        if resumed is not None:  # measured before the first attempt's training: read back
+            before = outputs.evaluation_before_training()
+            initial = {
+                k[len(HELDOUT_KL) :]: v for k, v in before.items() if k.startswith(HELDOUT_KL)
+            }
+            initial_accuracy = {k: v for k, v in before.items() if not k.startswith(HELDOUT_KL)}
+        elif accuracy is not None:  # the initial student, before any update
             initial_accuracy = accuracy.measure()
             # with the held-out KL before training, so its curve starts where accuracy's does
             kl_before = {f"{HELDOUT_KL}{k}": v for k, v in initial.items()}
@@ -218,21 +242,24 @@ def run_job(run_config: Path) -> dict[str, Any]:
             rollout_manager=manager,
             engine_url=run.engine_url,
             weights_dir=output / "weights",
-            checkpoint_dir=output / "checkpoints",
             on_trained=on_trained,
             engine_admin_key=engine_key,
             evaluator=accuracy.measure if accuracy is not None else None,
             on_evaluated=outputs.evaluation,
         )
         try:
-            train_async(args, backend, pause)
-            if accuracy is not None and not _evaluated_last(args, run.num_steps):
-                outputs.evaluation(run.num_steps - 1, accuracy.measure())
+            if start < run.num_steps:
+                train_async(args, backend, pause)
+                if accuracy is not None and not _evaluated_last(args, run.num_steps):
+                    outputs.evaluation(run.num_steps - 1, accuracy.measure())
+            else:  # the checkpoint is the last step's: nothing is left to run
+                print(f"all {run.num_steps} steps were trained before", flush=True)
         finally:
             pause.close()
         summary = {
             "objective": run.objective,
             "steps": run.num_steps,
+            "resumed_from": resumed.rollout_id if resumed is not None else None,
             "student": str(student),
             "teachers": sorted(teachers),
             "partial_rollout": options.partial_rollout,

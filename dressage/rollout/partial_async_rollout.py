@@ -43,17 +43,24 @@ than the newest token seen. A generate function that raises stops the worker; th
 re-raises it (the black-box dispatch turns agent failures into no-grad samples itself, so this
 is a broken configuration). Evaluation delegates to the plain synchronous batch rollout
 (``dressage.rollout.sync_rollout``): nothing is carried over.
+
+:func:`held_groups` shows, as fresh prompt copies, the groups the worker took from the data
+source and no call has taken yet (generating or finished), with the worker kept from taking
+more: what a checkpoint of the embedded trainer keeps so a resumed run skips no prompt
+(``dressage.training.embedded.checkpoint``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +80,7 @@ from dressage.types import RolloutFnEvalOutput, RolloutFnTrainOutput, Sample
 __all__ = [
     "FinishedGroup",
     "generate_rollout_partial_async",
+    "held_groups",
     "oldest_version",
     "stop_partial_async_workers",
 ]
@@ -91,6 +99,8 @@ class FinishedGroup:
     start_version: int
     started_at: float
     finished_at: float
+    key: int = -1
+    """The worker's number for the group (its entry in ``_Worker.held`` until taken)."""
 
 
 def _sample_versions(sample: Sample) -> list[int]:
@@ -169,6 +179,9 @@ class _Worker:
         self.version_fn = _version_source(args)
         self.finished: queue.Queue[FinishedGroup] = queue.Queue()
         self.lock = threading.Lock()  # the data source is read by the worker and requeued to
+        self.held: dict[int, list[Sample]] = {}
+        """Prompt copies of the groups taken from the data source and not yet by a call."""
+        self._keys = itertools.count()
         self.error: BaseException | None = None
         self.in_flight = 0
         self.started = 0
@@ -200,16 +213,16 @@ class _Worker:
             version = None
         return max(self.newest_seen, version if version is not None else 0)
 
-    async def _one(self, group: list[Sample]) -> FinishedGroup:
+    async def _one(self, key: int, group: list[Sample]) -> FinishedGroup:
         started = time.time()
         start_version = await asyncio.to_thread(self.current_version)
-        templates = copy.deepcopy(group)
+        templates = self.held[key]
         for sample in group:
             sample.metadata[START_VERSION] = start_version
         samples = await generate_group(self.args, group, self.params)
         for sample in leaves(samples):
             sample.metadata.setdefault(START_VERSION, start_version)
-        return FinishedGroup(samples, templates, start_version, started, time.time())
+        return FinishedGroup(samples, templates, start_version, started, time.time(), key)
 
     async def _main(self) -> None:
         tasks: set[asyncio.Task[FinishedGroup]] = set()
@@ -218,7 +231,9 @@ class _Worker:
                 while len(tasks) < self.limit and self._room(len(tasks)):
                     with self.lock:
                         (group,) = self.data_source.get_samples(1)
-                    tasks.add(asyncio.create_task(self._one(group)))
+                        key = next(self._keys)
+                        self.held[key] = copy.deepcopy(group)
+                    tasks.add(asyncio.create_task(self._one(key, group)))
                     self.started += 1
                 self.in_flight = len(tasks)
                 if not tasks:
@@ -253,9 +268,12 @@ class _Worker:
             if not self._thread.is_alive():
                 raise RuntimeError("partial-async rollout: the worker thread has stopped")
             try:
-                return self.finished.get(timeout=0.1)
+                group = self.finished.get(timeout=0.1)
             except queue.Empty:
                 continue
+            with self.lock:
+                self.held.pop(group.key, None)
+            return group
 
     def requeue(self, templates: list[Sample]) -> None:
         with self.lock:
@@ -276,6 +294,20 @@ def _worker(args: Any, data_source: Any) -> _Worker:
         if worker is None or worker.data_source is not data_source:
             worker = _WORKERS[id(data_source)] = _Worker(args, data_source)
         return worker
+
+
+@contextlib.contextmanager
+def held_groups(data_source: Any) -> Iterator[list[list[Sample]]]:
+    """Prompt copies of the groups the worker of ``data_source`` took from it that no call has
+    taken yet (generating or finished), oldest first; [] without a worker. While the block runs
+    the worker takes nothing from the data source, so its state and these groups agree."""
+    with _WORKERS_LOCK:
+        worker = _WORKERS.get(id(data_source))
+    if worker is None or worker.data_source is not data_source:
+        yield []
+        return
+    with worker.lock:
+        yield [copy.deepcopy(group) for _, group in sorted(worker.held.items())]
 
 
 def stop_partial_async_workers() -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "check_checkpoints_compatible",
     "inspect_checkpoint",
     "mopd_topk_problems",
+    "same_model_problems",
     "tokenizer_fingerprint",
     "validate_mopd_checkpoints",
     "vocab_size",
@@ -365,6 +366,25 @@ def check_checkpoints_compatible(
             problems.append(
                 Problem(subject, f"embedding has {info.vocab_rows} rows, tokenizer {tok.size} ids")
             )
+    return problems
+
+
+def same_model_problems(
+    subject: str, info: CheckpointInfo, student: CheckpointInfo
+) -> list[Problem]:
+    """Why ``info`` is not a checkpoint of the student's model ([] when it is): the tokenizer
+    (absent on both sides is the same), hidden size and depth, and, in the same layout,
+    vocabulary rows, architecture fields and tensor shapes. ``subject`` names ``info`` in each
+    problem (e.g. a resumed checkpoint against the run's student)."""
+    problems: list[Problem] = []
+    if info.tokenizer is not None and student.tokenizer is not None:
+        problems += _tokenizer_problems(subject, info, student)
+    elif info.tokenizer is not student.tokenizer:  # exactly one side has tokenizer files
+        has, lacks = (info, student) if info.tokenizer is not None else (student, info)
+        problems.append(Problem(subject, f"tokenizer files in {has.path}, none in {lacks.path}"))
+    problems += _summary_problems(subject, info, student)
+    if info.layout == student.layout:
+        problems += _layout_problems(subject, info, student)
     return problems
 
 

@@ -8,6 +8,10 @@ enabled, and its key is read from the environment (``WANDB_API_KEY``) by wandb i
     with MetricsSink(run_dir / "metrics" / "train.jsonl", wandb=WandbSettings("proj")) as sink:
         sink.log(step, {"loss": 0.31, "teacher/calculator/n_samples": 12})
 
+A run resumed from a checkpoint opens the log with ``keep_through=`` the checkpoint's metrics
+step: the records of later steps (written after the save, before the crash) are dropped first,
+since the resumed run writes those steps again, so no step appears twice and none is missing.
+
 Inside slime, the rollout log hook (``--custom-rollout-log-function-path
 dressage.training.metrics_sink.log_rollout_metrics``) adds the rollout side (rewards, lengths,
 per-teacher counts) to ``<--mopd-metrics-dir>``; slime keeps its own W&B logging (the hook
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -57,9 +62,12 @@ class MetricsSink:
         *,
         wandb: WandbSettings | None = None,
         config: Mapping[str, Any] | None = None,
+        keep_through: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if keep_through is not None:
+            _drop_records_after(self.path, keep_through)
         self._file = self.path.open("a", encoding="utf-8")
         self._wandb_run: Any = None
         if wandb is not None:
@@ -101,6 +109,24 @@ class MetricsSink:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _drop_records_after(path: Path, step: int) -> None:
+    """Rewrite ``path`` (atomically) without the records of steps after ``step`` and without a
+    torn last line."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and int(record.get("step", 0)) <= step:
+            kept.append(line + "\n")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _teacher_of(sample: Any) -> str | None:

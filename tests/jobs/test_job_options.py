@@ -204,3 +204,16 @@ def test_the_embedded_job_refuses_a_top_k_beyond_the_students_vocabulary(tmp_pat
         _check_topk_vocabulary(student, 13)
     with pytest.raises(JobConfigError, match="--mopd-topk 16 exceeds the student's vocabulary"):
         _check_topk_vocabulary(student, None)  # the default K
+
+
+def test_the_job_saves_every_save_interval_steps_and_loads_its_own_checkpoints(
+    tmp_path: Path,
+) -> None:
+    checkpoints = str(tmp_path / "out" / "checkpoints")
+    default = job_args(_run(tmp_path), JobOptions(), student=tmp_path, admin_key=None)
+    assert (default.save, default.load, default.save_interval) == (checkpoints, checkpoints, 10)
+    run = _run(tmp_path, save_interval=3)
+    args = job_args(run, JobOptions.model_validate(run.advanced), student=tmp_path, admin_key=None)
+    assert args.save_interval == 3 and args.start_rollout_id is None  # the checkpoint's, if any
+    with pytest.raises(ValueError, match="save_interval"):
+        JobOptions.model_validate({"save_interval": 0})

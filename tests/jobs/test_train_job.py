@@ -160,7 +160,9 @@ def test_a_short_mopd_run_writes_what_the_dags_stage_and_check(
     summary = json.loads((output / "summary.json").read_text())
     assert summary["weight_version"] == STEPS + 1 and summary["weight_updates"] == STEPS + 1
     assert summary["teachers"] == ["calculator", "lookup"]
-    assert (output / "checkpoints" / f"rollout-{STEPS - 1:05d}" / "config.json").is_file()
+    checkpoints = output / "checkpoints"  # slime's layout; the last step's is the latest
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == f"{STEPS - 1}\n"
+    assert (checkpoints / f"iter_{STEPS - 1:07d}" / "model" / "config.json").is_file()
     info = httpx.get(f"{services[0]}/model_info").json()
     assert info["weight_version"] == str(STEPS + 1), "the engine serves the trained weights"
 
@@ -176,6 +178,26 @@ def test_a_short_mopd_run_writes_what_the_dags_stage_and_check(
         result = check_run_tables(str(staged.url), kind)
         assert result["ok"], result
         assert len(result["rollouts"]) == STEPS
+
+
+def test_rerunning_the_job_on_its_output_dir_resumes_from_its_checkpoint(
+    services: tuple[str, str], tmp_path: Path
+) -> None:
+    first = _run_config(tmp_path, services, save_interval=1).model_copy(update={"num_steps": 2})
+    done = _run_job(first, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = Path(first.output_dir)
+    done = _run_job(first.model_copy(update={"num_steps": 3}), tmp_path)  # one step more
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    resumed = f"resuming from {output / 'checkpoints' / 'iter_0000001'}: step 3/3"
+    assert resumed in done.stdout.splitlines(), done.stdout[-3000:]
+    assert not any(line.startswith(("step 1/", "step 2/")) for line in done.stdout.splitlines())
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/mopd_reverse_kl" in r["metrics"]] == [0, 1, 2]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["resumed_from"] == 1 and summary["steps"] == 3
+    tracker = output / "checkpoints" / "latest_checkpointed_iteration.txt"
+    assert tracker.read_text() == "2\n"
 
 
 def test_a_short_grpo_run_with_the_synchronous_rollout(

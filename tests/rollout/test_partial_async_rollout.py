@@ -68,6 +68,24 @@ def test_each_call_returns_a_full_batch_and_carries_the_rest_over() -> None:
     assert [g[0].group_index for g in out.samples] == carried[:2], "oldest finished first"
 
 
+def test_held_groups_are_every_prompt_taken_and_not_yet_returned_as_fresh_copies() -> None:
+    source, args = hooks.ListDataSource(), _args(dressage_async_max_groups_ahead=6)
+    with par.held_groups(source) as held:
+        assert held == []  # no worker yet
+    returned = [g[0].group_index for rid in range(2) for g in _rollout(args, rid, source).samples]
+    time.sleep(0.1)  # some groups generating, some finished
+    with par.held_groups(source) as held:
+        taken = source.group_index  # the worker takes nothing while the block runs
+        time.sleep(0.1)
+        assert source.group_index == taken
+    indices = [g[0].group_index for g in held]
+    assert held and indices == sorted(indices)
+    assert sorted(returned + indices) == list(range(taken)), "each prompt once: returned or held"
+    for group in held:  # the prompts as the data source gave them, not the generated samples
+        assert all(s.status == Sample.Status.PENDING and not s.tokens for s in group)
+        assert all("dressage_group_start_version" not in s.metadata for s in group)
+
+
 def test_the_worker_keeps_at_most_the_bound_ahead_of_training() -> None:
     source, args = hooks.ListDataSource(), _args(dressage_async_max_groups_ahead=6)
     _rollout(args, 0, source)

@@ -33,6 +33,24 @@ def test_jsonl_has_one_record_per_step_and_needs_no_wandb(
     assert [r["step"] for r in read_metrics(path)] == [0, 1, 2]
 
 
+def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    with MetricsSink(path) as sink:
+        for step in (-1, 0, 1, 1, 2, 3):  # step 1: a training and an eval record
+            sink.log(step, {"loss": step})
+    with path.open("a") as handle:
+        handle.write('{"step": 4, "metr')  # torn by the crash
+    with MetricsSink(path, keep_through=1) as sink:  # resumed from the checkpoint of step 1
+        sink.log(2, {"loss": 20})
+    assert [(r["step"], r["metrics"]["loss"]) for r in read_metrics(path)] == [
+        (-1, -1),
+        (0, 0),
+        (1, 1),
+        (1, 1),
+        (2, 20),
+    ]
+
+
 def test_enabled_wandb_without_the_package_fails_loudly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

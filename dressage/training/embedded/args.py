@@ -26,6 +26,12 @@ SLIME_TRAIN_DEFAULTS: dict[str, Any] = {
     "device": "auto",
     "bf16": False,  # autocast to bfloat16 on CUDA; master weights stay in their dtype
     "seed": 1234,
+    # checkpoints (slime's; dressage.training.embedded.checkpoint)
+    "save": None,  # where checkpoints go: Megatron's tracker and iter_XXXXXXX/ folders
+    "save_interval": None,  # rollouts between saves, and the last; needs save
+    "load": None,  # resume from the newest complete checkpoint here (none: start fresh)
+    "ckpt_step": None,  # load this iteration instead of the tracker's
+    "start_rollout_id": None,  # default: the loaded checkpoint's rollout + 1, else 0
     # batching (docs/slime.md §5)
     "global_batch_size": None,  # rollouts per optimizer step: required
     "micro_batch_size": 1,

@@ -15,11 +15,13 @@ them with ``/update_weights_from_disk`` under the next integer version, with
 rollout was generated and trained, and each update, so the overlap can be seen (and is tested).
 
 The trainer lives in this process for the whole run, so ``releases_train`` is False: the loop
-refuses slime's ``--release-train`` before anything runs. ``save`` writes synchronously, so its
-``force_sync`` changes nothing. ``num_rollout_per_epoch`` (None: no epoch boundaries) places
-saves and evals at epoch ends as slime's rollout manager would. ``evaluate`` runs ``evaluator``
-(the engine then serves the weights of the step just trained) and hands its metrics to
-``on_evaluated``; without one it logs that the pass was skipped.
+refuses slime's ``--release-train`` before anything runs. ``save`` writes a checkpoint under the
+trainer's ``args.save`` (nothing without it): the trainer, and the rollout manager's state for
+the rollout after the saved one (:mod:`dressage.training.embedded.checkpoint`); it writes
+synchronously, so its ``force_sync`` changes nothing. ``num_rollout_per_epoch`` (None: no epoch
+boundaries) places saves and evals at epoch ends as slime's rollout manager would. ``evaluate``
+runs ``evaluator`` (the engine then serves the weights of the step just trained) and hands its
+metrics to ``on_evaluated``; without one it logs that the pass was skipped.
 """
 
 from __future__ import annotations
@@ -73,7 +75,6 @@ class EmbeddedAsyncBackend:
     rollout_manager: Any
     engine_url: str
     weights_dir: Path
-    checkpoint_dir: Path | None = None
     update_engine_weights: UpdateFn | None = None
     engine_admin_key: str | None = None
     """The engine's control key, sent with the default weight update."""
@@ -123,8 +124,16 @@ class EmbeddedAsyncBackend:
             self.on_trained(rollout_data, metrics)
 
     def save(self, rollout_id: int, *, force_sync: bool = False) -> None:
-        if self.checkpoint_dir is not None:
-            self.trainer.save_weights(self.checkpoint_dir / f"rollout-{rollout_id:05d}")
+        root = getattr(self.trainer.args, "save", None)
+        if not root:
+            return
+        from dressage.training.embedded.checkpoint import save_checkpoint
+
+        state = getattr(self.rollout_manager, "rollout_state", None)
+        folder = save_checkpoint(
+            root, rollout_id, self.trainer, state(rollout_id + 1) if state is not None else None
+        )
+        log.info("rollout %d: checkpoint %s", rollout_id, folder)
 
     def update_weights(self) -> int:
         update = self.update_engine_weights

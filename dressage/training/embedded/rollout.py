@@ -14,13 +14,21 @@ synchronous :func:`dressage.rollout.sync_rollout.generate_rollout`, or
 of every fan-out share their ``rollout_id``, flatten, and convert with
 ``args.custom_convert_samples_to_train_data_path`` (default dressage's prompt-equal converter).
 
+:meth:`EmbeddedRolloutManager.rollout_state` is what a checkpoint keeps of the rollout side to
+resume at a given rollout: the data source's position as it was before that rollout's prompts
+were taken, and the prompts handed out earlier that no trained rollout holds (the data source's
+buffer, the partial-async worker's groups); :meth:`~EmbeddedRolloutManager.load_rollout_state`
+puts them back (``dressage.training.embedded.checkpoint`` says why these).
+
 :func:`update_engine_weights` is the weight push of the embedded default: the trainer saves a
 Hugging Face folder, the engine loads it with ``POST /update_weights_from_disk``.
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -31,6 +39,7 @@ import httpx
 
 from dressage.rollout.generate.blackbox_dispatch import AGENT_META
 from dressage.rollout.multi_segment import multi_segment_metrics
+from dressage.rollout.partial_async_rollout import held_groups
 from dressage.slime.hooks import load_function
 from dressage.slime.sample_meta import (
     DATASET,
@@ -55,6 +64,7 @@ DEFAULT_CONVERTER = "dressage.rollout.convert_samples.convert_samples_to_train_d
 SLIME_DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
 
 RolloutFn = Callable[..., Any]
+ROLLOUT_STATE_VERSION = 1
 
 
 def flatten_rollout(groups: Sequence[Any]) -> list[Sample]:
@@ -140,6 +150,8 @@ class EmbeddedRolloutManager:
         self.rollout_fn = rollout_fn or self._default_rollout_fn()
         converter = getattr(args, "custom_convert_samples_to_train_data_path", None)
         self.convert = load_function(converter or DEFAULT_CONVERTER)
+        self._before: dict[int, dict[str, Any]] = {}  # rollout id -> the state before it
+        self._lock = threading.Lock()
 
     def _default_rollout_fn(self) -> RolloutFn:
         path = getattr(self.args, "rollout_function_path", None)
@@ -151,6 +163,10 @@ class EmbeddedRolloutManager:
 
     def generate(self, rollout_id: int) -> tuple[dict[str, Any], list[Sample], dict[str, float]]:
         """One rollout: ``(train_data, flat samples, metrics)``."""
+        with self._lock:  # the state before this rollout takes any prompt
+            self._before.setdefault(rollout_id, self._snapshot())
+            for old in [r for r in self._before if r < rollout_id - 1]:
+                del self._before[old]
         start = time.perf_counter()
         output = self.rollout_fn(self.args, rollout_id, self.data_source, evaluation=False)
         if isinstance(output, RolloutFnTrainOutput):
@@ -174,6 +190,49 @@ class EmbeddedRolloutManager:
     def eval(self, rollout_id: int) -> Any:
         """The rollout function with ``evaluation=True`` (a ``RolloutFnEvalOutput``)."""
         return self.rollout_fn(self.args, rollout_id, self.data_source, evaluation=True)
+
+    def rollout_state(self, rollout_id: int) -> dict[str, Any] | None:
+        """What resuming at ``rollout_id`` needs, as JSON: ``data_source`` (its
+        ``state_dict()`` before ``rollout_id`` took prompts) and ``groups`` (prompt copies of the
+        groups handed out before then that no earlier rollout returned: the data source's buffer,
+        then the partial-async worker's). Call it after training ``rollout_id - 1``; None for a
+        data source without ``state_dict``. The snapshot taken when ``generate(rollout_id)``
+        began is used, else one taken now (that rollout has not started)."""
+        if not hasattr(self.data_source, "state_dict"):
+            return None
+        with self._lock:
+            return self._before.setdefault(rollout_id, self._snapshot())
+
+    def load_rollout_state(self, state: dict[str, Any] | None) -> None:
+        """Put a :meth:`rollout_state` back: the position, then the groups first in line."""
+        if state is None:
+            return
+        if state.get("version") != ROLLOUT_STATE_VERSION:
+            raise ValueError(
+                f"rollout state version {state.get('version')!r}, expected {ROLLOUT_STATE_VERSION}"
+            )
+        if not hasattr(self.data_source, "load_state_dict"):
+            raise ValueError(
+                f"{type(self.data_source).__name__} has no load_state_dict: the data source's "
+                "saved position cannot be restored"
+            )
+        self.data_source.load_state_dict(state["data_source"])
+        groups = [[Sample.from_dict(s) for s in group] for group in state["groups"]]
+        if groups:
+            self.data_source.add_samples(groups)
+
+    def _snapshot(self) -> dict[str, Any]:
+        source = self.data_source
+        if not hasattr(source, "state_dict"):
+            return {}
+        with held_groups(source) as held:  # the worker takes no prompt meanwhile
+            position = copy.deepcopy(source.state_dict())
+            groups = [*copy.deepcopy(list(getattr(source, "buffer", []))), *held]
+        return {
+            "version": ROLLOUT_STATE_VERSION,
+            "data_source": position,
+            "groups": [[s.to_dict() for s in group] for group in groups],
+        }
 
     def save(self, rollout_id: int) -> None:
         self.data_source.save(rollout_id)

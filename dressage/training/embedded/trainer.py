@@ -14,6 +14,8 @@ with the same ``args`` (slime's flag names, see ``embedded.args``)::
     metrics = trainer.train(rollout_id, train_data)   # one rollout's batch: 1+ optimizer steps
     trainer.save_weights("/run/weights/v1")           # what /update_weights_from_disk loads
 
+Checkpoints (``--save``, ``--save-interval``, ``--load``): :mod:`.checkpoint`.
+
 Per ``train`` call, as slime's ``train_actor``: check the data (before any forward); keep the
 samples of whole steps (``global_batch_size`` rollouts each, trailing rollouts dropped); score
 log-probs without gradient (student, each sample's teacher via a :class:`TeacherBank`, the
@@ -117,6 +119,8 @@ class EmbeddedTrainer:
             raise ValueError(
                 f"lr_decay_style {args.lr_decay_style!r}: expected one of {LR_DECAY_STYLES}"
             )
+        if args.save_interval is not None and not args.save:
+            raise ValueError(f"--save-interval {args.save_interval} needs --save (as slime's)")
         # dense MOPD: the teachers' whole log-softmax at response positions goes to the loss;
         # topk: their top-K supports, on the teacher log-probs
         objective = mopd_objective(args)
@@ -456,6 +460,35 @@ class EmbeddedTrainer:
             shutil.rmtree(target)
         staging.rename(target)
         return target
+
+    def load_weights(self, path: str | Path) -> None:
+        """Read a folder :meth:`save_weights` wrote (same architecture) into the live student.
+
+        Raises:
+            ValueError: a tensor the student lacks, or a student tensor the folder lacks (tied
+                tensors aside); the message names the folder.
+        """
+        from safetensors.torch import load_file
+
+        folder = Path(path)
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{folder} holds no *.safetensors weights")
+        state: dict[str, Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        live = self.model.state_dict()
+        loaded_ptrs = {live[k].data_ptr() for k in state if k in live}
+        missing = [k for k in live if k not in state and live[k].data_ptr() not in loaded_ptrs]
+        extra = sorted(set(state) - set(live))
+        if missing or extra:
+            raise ValueError(
+                f"{folder}: weights do not fit the student (missing {missing[:3]}, "
+                f"unexpected {extra[:3]})"
+            )
+        self.model.load_state_dict(state, strict=False)
+        if self.bank is not None:
+            self.bank.mark_student_changed()
 
 
 def _set_config_dtype(folder: Path, dtype: torch.dtype) -> None:
