@@ -155,7 +155,10 @@ def training_params(*, objective: str) -> dict[str, Param]:
             type=["null", "object"],
             title="More job settings",
             description="A JSON object passed to the job untouched (the advanced object of "
-            "its run.json), e.g. max_response_len, or cluster settings for the ray backend.",
+            "its run.json), e.g. max_response_len; for MOPD mopd_objective (topk by default, "
+            "with mopd_topk 16; dense on the embedded backend; sampled) and "
+            "mopd_forward_kl_weight; save_interval (steps between checkpoints, 10); or cluster "
+            "settings for the ray backend.",
             section=SECTION,
         ),
         "run_root": _run_root(SECTION),
