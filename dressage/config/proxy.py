@@ -175,6 +175,12 @@ class ProxyConfig(BaseModel):
         "context leaves).",
     )
 
+    access_log: bool = Field(
+        True,
+        description="One log line per request (method, route, session, status, milliseconds, "
+        "the refused field of a 4xx), at INFO whatever the log level.",
+    )
+
     @field_validator("tito_model", mode="before")
     @classmethod
     def _canonical_family(cls, value: Any) -> Any:
@@ -299,6 +305,7 @@ def parser() -> argparse.ArgumentParser:
     add("--max-request-bytes", type=int)
     add("--served-model-name")
     add("--default-max-tokens", type=int)
+    add("--access-log", action=argparse.BooleanOptionalAction, help="one line per request")
     add("--log-level", default="warning")
     return p
 

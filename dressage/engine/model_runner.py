@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as hf_logging
 
 from dressage.engine.kv_cache import ATTENTION_NAME, DecodePlan, PrefillPlan, Segment, SlotKVCache
-from dressage.engine.sampling import RowSpec, VocabSampler
+from dressage.engine.sampling import RowSpec, TopLogprobs, VocabSampler
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,15 @@ class ModelRunner:
         interrupt: threading.Event | None = None,
     ) -> tuple[list[int], list[float]]:
         return self.sampler.sample(hidden, rows, interrupt)
+
+    @torch.inference_mode()
+    def sample_rows(
+        self,
+        hidden: torch.Tensor,
+        rows: Sequence[RowSpec],
+        interrupt: threading.Event | None = None,
+    ) -> tuple[list[int], list[float], list[TopLogprobs | None]]:
+        return self.sampler.sample_rows(hidden, rows, interrupt)
 
     @torch.inference_mode()
     def prompt_logprobs(self, hidden: torch.Tensor, targets: Sequence[int]) -> list[float]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
 
+from dressage.engine.grammar import GRAMMAR_KEYS, GrammarError, Grammars
 from dressage.engine.request import Request
 from dressage.engine.sampling import SamplingParams
 
@@ -76,7 +77,7 @@ _SAMPLING_KEYS: dict[str, tuple[str, Any]] = {
 # Known to SGLang, not implemented here: any value other than the default is refused.
 _UNSUPPORTED = (
     "min_new_tokens", "frequency_penalty", "presence_penalty", "repetition_penalty", "stop_regex",
-    "n", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias",
+    "n",
 )  # fmt: skip
 
 
@@ -139,6 +140,8 @@ def parse_sampling_params(raw: Any, *, vocab_size: int) -> SamplingParams:
         if value is not None:  # null means "the default"
             values[key] = _check_type(key, value, _SAMPLING_KEYS[key][0])
     _verify(values, vocab_size)
+    logit_bias = _logit_bias(values.get("logit_bias"), vocab_size)
+    grammar = next(((k, values[k]) for k in GRAMMAR_KEYS if k in values), None)
     stop = values.get("stop") or ()
     # An explicit null max_new_tokens means "up to the context length"; absent means 128.
     unlimited = "max_new_tokens" in raw and raw["max_new_tokens"] is None
@@ -156,7 +159,29 @@ def parse_sampling_params(raw: Any, *, vocab_size: int) -> SamplingParams:
         no_stop_trim=values.get("no_stop_trim", False),
         sampling_seed=values.get("sampling_seed"),
         stream_interval=values.get("stream_interval") or 1,
+        logit_bias=logit_bias,
+        grammar=grammar,
     )
+
+
+def _logit_bias(raw: dict[str, Any] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """SGLang's ``logit_bias``: token id (a decimal string) -> a finite number added to its
+    logit; the ids must lie in the vocabulary."""
+    out = []
+    for key, value in (raw or {}).items():
+        token = int(key) if isinstance(key, str) and key.strip().isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise RequestError(
+                f"logit_bias key {key!r} is not a token id in the vocabulary [0, {vocab_size})."
+            )
+        if not _finite_number(value):
+            raise RequestError(f"logit_bias[{key!r}] must be a finite number, got {value!r}.")
+        out.append((token, float(value)))
+    return tuple(out)
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _verify(v: dict[str, Any], vocab_size: int) -> None:
@@ -305,14 +330,18 @@ def _pick(value: Any, i: int, n: int, name: str) -> Any:
     return value
 
 
-def build_requests(body: GenerateBody, tokenizer: Any, limits: EngineLimits) -> list[Request]:
-    """Normalise a body into one :class:`Request` per prompt (SGLang's checks and messages)."""
+def build_requests(
+    body: GenerateBody, tokenizer: Any, limits: EngineLimits, grammars: Grammars | None = None
+) -> list[Request]:
+    """Normalise a body into one :class:`Request` per prompt (SGLang's checks and messages).
+    A grammar (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``) is compiled here, so
+    one that cannot be is refused before anything is generated."""
     for key in _UNSUPPORTED_TOP:
         value = getattr(body, key)
         if value not in (None, False):
             raise RequestError(f"{key} is not supported by the embedded engine.")
-    if any(t != 0 for t in _as_list(body.top_logprobs_num)):
-        raise RequestError("top_logprobs_num is not supported by the embedded engine.")
+    if any(t < 0 for t in _as_list(body.top_logprobs_num)):
+        raise RequestError(f"top_logprobs_num must be at least 0, got {body.top_logprobs_num}.")
     if (body.text is None) == (body.input_ids is None):
         raise RequestError("Either text, input_ids or input_embeds should be provided.")
     prompts = _prompts(body, tokenizer)
@@ -327,6 +356,14 @@ def build_requests(body: GenerateBody, tokenizer: Any, limits: EngineLimits) -> 
         params = parse_sampling_params(
             _pick(body.sampling_params, i, n, "sampling_params"), vocab_size=limits.vocab_size
         )
+        matcher = None
+        if params.grammar is not None:
+            if grammars is None:
+                raise RequestError("this engine was started without a grammar backend.")
+            try:
+                matcher = grammars.matcher(grammars.compile(*params.grammar))
+            except GrammarError as exc:
+                raise RequestError(str(exc)) from None
         requests.append(
             _one_request(
                 rid=rids[i],
@@ -338,6 +375,8 @@ def build_requests(body: GenerateBody, tokenizer: Any, limits: EngineLimits) -> 
                 limits=limits,
             )
         )
+        requests[-1].grammar = matcher
+        requests[-1].top_logprobs_num = int(_pick(body.top_logprobs_num, i, n, "top_logprobs_num"))
     return requests
 
 
@@ -468,6 +507,12 @@ def output_json(
             [lp, tok, decode_one(tok)]
             for lp, tok in zip(req.input_logprobs or [], req.prompt_ids[start:], strict=False)
         ]
+        if req.top_logprobs_num > 0:  # prompt positions' candidates are not computed: null
+            meta["input_top_logprobs"] = [None] * len(meta["input_token_logprobs"])
+            meta["output_top_logprobs"] = [
+                [[lp, tok, decode_one(tok)] for lp, tok in top]
+                for top in req.output_top_logprobs[:n]
+            ]
     out: dict[str, Any] = {"text": _text(ids, tokenizer, req, final), "output_ids": ids}
     out["meta_info"] = meta
     if return_prompt_token_ids:

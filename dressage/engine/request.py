@@ -67,6 +67,9 @@ class Request:
     started: bool = False  # prefilled at least once (an abort then counts as "running")
     slot: int = -1
     listener: Any = None  # set by the server; the scheduler passes it back untouched
+    grammar: Any = None  # a grammar.GrammarMatcher when the request is constrained
+    top_logprobs_num: int = 0
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     seed: int = field(init=False)
     _stop_window: int = field(init=False, default=0)
 
@@ -102,8 +105,12 @@ class Request:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
         return ((z ^ (z >> 31)) >> 11) * 2.0**-53
 
-    def append(self, token: int, logprob: float, version: str) -> None:
+    def append(
+        self, token: int, logprob: float, version: str, top: list[tuple[float, int]] | None = None
+    ) -> None:
         position = len(self.output_ids)
+        if self.top_logprobs_num > 0:
+            self.output_top_logprobs.append(top or [])
         self.output_logprobs.append(logprob)
         self.output_ids.append(token)
         if self.weight_spans and self.weight_spans[-1][0] == version:

@@ -59,6 +59,9 @@ class SamplingParams:
     no_stop_trim: bool = False
     sampling_seed: int | None = None
     stream_interval: int = 1
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: tuple[str, str] | None = None
+    """(``json_schema`` | ``regex`` | ``ebnf`` | ``structural_tag``, its text)."""
 
     @property
     def greedy(self) -> bool:
@@ -93,13 +96,29 @@ class RowSpec:
     top_k: int = -1
     top_p: float = 1.0
     min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before temperature, as SGLang does."""
+    allowed: torch.Tensor | None = None
+    """The grammar's bitmask of this step (int32 words, xgrammar's layout), or None."""
+    top_logprobs: int = 0
+    """Return this many most likely tokens with their log-probs (``top_logprobs_num``)."""
 
     @property
     def has_filter(self) -> bool:
         return not self.greedy and (self.top_k > 1 or self.top_p < 1.0 or self.min_p > 0.0)
 
+    @property
+    def whole_row(self) -> bool:
+        """The row is sampled from its whole logits row (bias, grammar mask or top log-probs)."""
+        return bool(self.logit_bias) or self.allowed is not None or self.top_logprobs > 0
+
     @staticmethod
-    def of(params: SamplingParams, uniform: float) -> RowSpec:
+    def of(
+        params: SamplingParams,
+        uniform: float,
+        allowed: torch.Tensor | None = None,
+        top_logprobs: int = 0,
+    ) -> RowSpec:
         return RowSpec(
             params.inv_temperature,
             params.greedy,
@@ -107,7 +126,14 @@ class RowSpec:
             params.top_k,
             params.top_p,
             params.min_p,
+            params.logit_bias,
+            allowed,
+            top_logprobs,
         )
+
+
+TopLogprobs = list[tuple[float, int]]
+"""A position's most likely tokens, ``(logprob, token id)``, most likely first."""
 
 
 class VocabSampler:
@@ -154,10 +180,28 @@ class VocabSampler:
 
         Raises :class:`StepInterrupted` (nothing chosen) if ``interrupt`` is set mid-pass.
         """
+        tokens, logprobs, _ = self.sample_rows(hidden, rows, interrupt)
+        return tokens, logprobs
+
+    def sample_rows(
+        self,
+        hidden: torch.Tensor,
+        rows: Sequence[RowSpec],
+        interrupt: threading.Event | None = None,
+    ) -> tuple[list[int], list[float], list[TopLogprobs | None]]:
+        """:meth:`sample`, plus each row's top log-probs (None where not asked for).
+
+        A row with a logit bias, a grammar mask or top log-probs is sampled from its whole
+        logits row (:meth:`_whole_rows`): biased, masked (disallowed tokens at -inf), then
+        temperature, then top-k / top-p / min-p; its log-prob is taken under the biased and
+        masked distribution at the temperature, before truncation (SGLang's order: the logit
+        bias and the grammar's vocabulary mask are applied to the logits before its sampler).
+        """
         batch = hidden.shape[0]
         device = hidden.device
         inv_t = torch.tensor([r.inv_temperature for r in rows], dtype=torch.float32, device=device)
-        filtered = [i for i, r in enumerate(rows) if r.has_filter]
+        whole = [i for i, r in enumerate(rows) if r.whole_row]
+        filtered = [i for i, r in enumerate(rows) if r.has_filter or r.whole_row]
         padded = self._padded(batch)
         # The pass works in base 2 (exp2 is several times cheaper than exp on CPU): the hidden
         # columns carry 1/T * log2(e), so the lm_head directly yields logits / T in bits.
@@ -177,8 +221,10 @@ class VocabSampler:
 
         tokens = torch.zeros(batch, dtype=torch.long, device=device)
         uniforms = torch.tensor([r.uniform for r in rows], dtype=torch.float32, device=device)
-        greedy = [i for i, r in enumerate(rows) if r.greedy]
+        greedy = [i for i, r in enumerate(rows) if r.greedy and not r.whole_row]
         plain = [i for i, r in enumerate(rows) if not r.greedy and not r.has_filter]
+        plain = [i for i in plain if not rows[i].whole_row]
+        filtered_only = [i for i in filtered if not rows[i].whole_row]
         if greedy:
             tokens[greedy] = self._argmax(hidden, maxima, greedy, pass_out.chunk_rows)
         if plain:
@@ -190,13 +236,24 @@ class VocabSampler:
                 scale[index],
                 uniforms[index] * total[index],
             )
+        tops: list[TopLogprobs | None] = [None] * batch
         if filtered:
             assert pass_out.kept is not None
             logits = pass_out.kept.T * _LN2  # kept logits are logit / T in bits
-            tokens[filtered] = self._filtered(logits, [rows[i] for i in filtered])
+            if filtered_only:
+                at = [filtered.index(i) for i in filtered_only]
+                tokens[filtered_only] = self._filtered(logits[at], [rows[i] for i in filtered_only])
         chosen = self._logits_at(hidden, tokens) * inv_t
         # a certain token's logprob is 0; rounding in the base-2 pass must not lift it above
-        return tokens.tolist(), (chosen - log_norm).clamp(min=_FLOAT_MIN, max=0.0).tolist()
+        out = (chosen - log_norm).clamp(min=_FLOAT_MIN, max=0.0).tolist()
+        if whole:
+            at = [filtered.index(i) for i in whole]
+            picked = self._whole_rows(logits[at], [rows[i] for i in whole])
+            for i, (chosen_id, chosen_logprob, row_top) in zip(whole, picked, strict=True):
+                tokens[i] = chosen_id
+                out[i] = chosen_logprob
+                tops[i] = row_top
+        return tokens.tolist(), out, tops
 
     def prompt_logprobs(self, hidden: torch.Tensor, targets: Sequence[int]) -> list[float]:
         """log_softmax(logits)[target] per position (T = 1). hidden [N, H], targets [N]."""
@@ -374,6 +431,57 @@ class VocabSampler:
             j = min(j, int(_last_positive(vals[None, :])[0]))
             out.append(int(ids[j]))
         return torch.tensor(out, device=logits.device)
+
+    def _whole_rows(
+        self, logits: torch.Tensor, rows: Sequence[RowSpec]
+    ) -> list[tuple[int, float, TopLogprobs | None]]:
+        """Rows sampled from their whole logits (see :meth:`sample_rows`). logits [W, V],
+        already divided by the temperature."""
+        out = []
+        for row_logits, row in zip(logits, rows, strict=True):
+            z = row_logits.clone()
+            if row.logit_bias:
+                ids = torch.tensor([t for t, _ in row.logit_bias], device=z.device)
+                bias = torch.tensor([b for _, b in row.logit_bias], device=z.device)
+                z.index_add_(0, ids, bias * row.inv_temperature)
+            if row.allowed is not None:
+                z.masked_fill_(~_unpack_bitmask(row.allowed, z.shape[0]), -math.inf)
+            logprobs = torch.log_softmax(z, 0)
+            if row.greedy:
+                token = int(z.argmax())
+            else:
+                p = logprobs.exp()
+                vals, ids = _candidates(p, row)
+                if row.top_p < 1.0:
+                    vals = vals * ((vals.cumsum(0) - vals) <= row.top_p)
+                if row.min_p > 0.0:
+                    vals = vals * (vals >= row.min_p * p.max())
+                cdf = vals.cumsum(0)
+                j = int(torch.searchsorted(cdf, cdf[-1:] * row.uniform, right=True)[0])
+                j = min(j, int(_last_positive(vals[None, :])[0]))
+                token = int(ids[j])
+            logprob = float(logprobs[token].clamp(min=_FLOAT_MIN, max=0.0))
+            top = None
+            if row.top_logprobs > 0:
+                k = min(row.top_logprobs, z.shape[0])
+                values, ids = torch.topk(logprobs, k)
+                top = [
+                    (float(v), int(t))
+                    for v, t in zip(
+                        values.clamp(min=_FLOAT_MIN).tolist(), ids.tolist(), strict=True
+                    )
+                ]
+            out.append((token, logprob, top))
+        return out
+
+
+def _unpack_bitmask(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """xgrammar's int32 bitmask (bit j of word i: token 32 i + j allowed) as a bool [vocab]."""
+    bits = torch.arange(32, dtype=torch.int32, device=words.device)
+    allowed = ((words.reshape(-1)[:, None] >> bits) & 1).bool().reshape(-1)
+    if allowed.shape[0] < vocab:  # rows past the tokenizer's vocabulary are never allowed
+        allowed = torch.cat([allowed, allowed.new_zeros(vocab - allowed.shape[0])])
+    return allowed[:vocab]
 
 
 def _candidates(p: torch.Tensor, row: RowSpec) -> tuple[torch.Tensor, torch.Tensor]:

@@ -282,16 +282,26 @@ class Scheduler:
 
     # ------------------------------------------------------------------ sampling
     def _sample_and_append(self, batch: list[Request], hidden: torch.Tensor) -> None:
-        rows = [RowSpec.of(r.params, r.next_uniform()) for r in batch]
-        tokens, logprobs = self.runner.sample(hidden, rows, self._interrupt)
+        rows = [
+            RowSpec.of(
+                r.params,
+                r.next_uniform(),
+                r.grammar.next_mask() if r.grammar is not None else None,
+                r.top_logprobs_num if r.return_logprob else 0,
+            )
+            for r in batch
+        ]
+        tokens, logprobs, tops = self.runner.sample_rows(hidden, rows, self._interrupt)
         version, eos = self.weight_version, self.runner.eos_token_ids
         tokenizer = self.runner.tokenizer
-        for req, token, logprob in zip(batch, tokens, logprobs, strict=True):
-            req.append(token, logprob, version)
+        for req, token, logprob, top in zip(batch, tokens, logprobs, tops, strict=True):
+            req.append(token, logprob, version, top)
             skip = req.params.skip_special_tokens
             reason = req.check_stop(
                 eos, lambda ids, skip=skip: tokenizer.decode(ids, skip_special_tokens=skip)
             )
+            if req.grammar is not None and reason is None:
+                reason = _grammar_end(req, token)
             if reason is not None:
                 self._finish(req, reason)
         now = time.monotonic()
@@ -472,3 +482,15 @@ class Scheduler:
                 sum(ms for _, ms in self._step_ms) / len(self._step_ms) if self._step_ms else 0.0
             ),
         }
+
+
+def _grammar_end(req: Request, token: int) -> FinishReason | None:
+    """Advance the request's grammar by ``token``: a complete grammar ends the request at its
+    stop token; a token the grammar refuses (never sampled: it was masked) is an error."""
+    if not req.grammar.accept(token):
+        return FinishReason(
+            "abort", message=f"token {token} breaks the request's grammar", status_code=500
+        )
+    if req.grammar.terminated:
+        return FinishReason("stop", matched=token)
+    return None

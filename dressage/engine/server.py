@@ -173,7 +173,7 @@ def _add_generate(app: FastAPI, service: EngineService, limit: int) -> None:
     async def generate(request: Request) -> Response:
         try:
             body = parse_body(await _read_json(request, limit))
-            reqs = build_requests(body, service.tokenizer, service.request_limits)
+            reqs = build_requests(body, service.tokenizer, service.request_limits, service.grammars)
             batch = is_batch(body)
         except BodyTooLarge as exc:
             return _message_error(_too_large(exc), 413)

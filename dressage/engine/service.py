@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from dressage.engine.config import EngineConfig, default_num_threads
+from dressage.engine.grammar import Grammars
 from dressage.engine.model_runner import ModelRunner, WeightLoadError
 from dressage.engine.protocol import EngineLimits
 from dressage.engine.request import Request
@@ -93,6 +94,11 @@ class EngineService:
             vocab_size=self.runner.vocab_size,
             context_length=self.runner.context_length,
             max_total_tokens=self.limits.max_total_tokens,
+        )
+        self.grammars = Grammars(
+            self.runner.tokenizer,
+            vocab_size=self.runner.vocab_size,
+            stop_token_ids=self.runner.eos_token_ids,
         )
         self.scheduler = Scheduler(
             self.runner,

@@ -190,22 +190,29 @@ async def _stream(
     async def sse() -> AsyncIterator[bytes]:
         cid, created = first.completion_id, int(time.time())
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        def chunk(
+            delta: dict[str, Any],
+            finish: str | None = None,
+            logprobs: list[dict[str, Any]] | None = None,
+        ) -> bytes:
             return sse_chunk(cid, created, model, delta, finish_reason=finish,
-                             with_usage_key=include_usage)  # fmt: skip
+                             with_usage_key=include_usage, logprobs=logprobs)  # fmt: skip
 
         try:
             yield chunk({"role": "assistant", "content": ""})
             async for event in events:
                 if isinstance(event, StreamDelta):
-                    yield chunk(event.fields)
+                    yield chunk(event.fields, logprobs=event.logprobs)
                 elif isinstance(event, StreamEnd):
                     result = event.result
+                    rest = event.logprobs  # the tokens no delta carried yet, on the next chunk
                     if event.fields:
-                        yield chunk(event.fields)
+                        yield chunk(event.fields, logprobs=rest)
+                        rest = None
                     for delta in sse_tool_call_deltas(result.message):
-                        yield chunk(delta)
-                    yield chunk({}, result.finish_reason)
+                        yield chunk(delta, logprobs=rest)
+                        rest = None
+                    yield chunk({}, result.finish_reason, logprobs=rest)
                     if include_usage:
                         usage = usage_block(
                             result.prompt_tokens, result.completion_tokens, result.cached_tokens

@@ -87,6 +87,9 @@ class EngineOutput:
     weight_version: str = ""
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    """Per output token, the engine's most likely tokens ``(logprob, id)`` (asked with
+    ``top_logprobs_num``; empty when not asked)."""
 
 
 def _triples(meta: dict[str, Any], rid: str, url: str) -> tuple[list[int], list[float]]:
@@ -144,7 +147,9 @@ def read_output(data: Any, rid: str, url: str) -> EngineOutput:
         raise EngineError(url, f"request {rid}: unexpected /generate answer {data!r:.200}")
     meta = data["meta_info"]
     ids, logprobs = _triples(meta, rid, url)
-    return _output(meta, rid, url, ids, logprobs, start=0)
+    out = _output(meta, rid, url, ids, logprobs, start=0)
+    out.top_logprobs = _tops(meta, 0)
+    return out
 
 
 async def read_stream(
@@ -173,11 +178,27 @@ async def read_stream(
         # (--incremental-streaming-output) carry only the new ones, with a cumulative count.
         start = received if count is None or count == len(ids) else 0
         out = _output(meta, rid, url, ids[start:], logprobs[start:], start=received)
+        out.top_logprobs = _tops(meta, start)
         yield out
         received += len(out.output_ids)
         if out.finish is not None:
             return
     raise EngineError(url, f"request {rid}: the stream ended without a finish_reason")
+
+
+def _tops(meta: dict[str, Any], start: int) -> list[list[tuple[float, int]]]:
+    """``output_top_logprobs`` from position ``start`` on: ``[[logprob, id, text], ...]`` per
+    position (null where the engine has none)."""
+    raw = meta.get("output_top_logprobs")
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for position in raw[start:]:
+        entries = position if isinstance(position, list) else []
+        out.append(
+            [(float(e[0]), int(e[1])) for e in entries if isinstance(e, list) and len(e) >= 2]
+        )
+    return out
 
 
 def _output(

@@ -122,14 +122,21 @@ class EngineClient:
 
     # ------------------------------------------------------------------------------ generate
     def _payload(
-        self, prompt: PromptIds, sampling_params: dict[str, Any], rid: str, stream: bool
+        self,
+        prompt: PromptIds,
+        sampling_params: dict[str, Any],
+        rid: str,
+        stream: bool,
+        top_logprobs: int = 0,
     ) -> bytes:
-        rest = {
+        rest: dict[str, Any] = {
             "sampling_params": sampling_params,
             "return_logprob": True,
             "rid": rid,
             "stream": stream,
         }
+        if top_logprobs:
+            rest["top_logprobs_num"] = top_logprobs
         return b'{"input_ids":' + prompt.json_list() + b"," + json.dumps(rest).encode()[1:]
 
     def _request_headers(self, routing_key: str | None) -> list[tuple[str, str]]:
@@ -180,11 +187,12 @@ class EngineClient:
         *,
         rid: str,
         routing_key: str | None = None,
+        top_logprobs: int = 0,
     ) -> EngineOutput:
         """One non-streaming ``/generate`` (``n`` = 1). An abort comes back as an output whose
         ``finish["type"]`` is ``"abort"``, with the partial tokens; errors raise
-        :class:`EngineError`."""
-        body = self._payload(prompt, sampling_params, rid, stream=False)
+        :class:`EngineError`. ``top_logprobs``: the engine's ``top_logprobs_num``."""
+        body = self._payload(prompt, sampling_params, rid, stream=False, top_logprobs=top_logprobs)
         response = await self._post_generate(body, self._request_headers(routing_key))
         if response.status != 200:
             raise EngineRejectedError(self.url, response.status, error_message(response.body))
@@ -209,10 +217,11 @@ class EngineClient:
         *,
         rid: str,
         routing_key: str | None = None,
+        top_logprobs: int = 0,
     ) -> AsyncGenerator[EngineOutput, None]:
         """Streaming ``/generate``: yields the new tokens of each chunk; the last one carries
         ``finish``. Cumulative and incremental chunks are both understood."""
-        body = self._payload(prompt, sampling_params, rid, stream=True)
+        body = self._payload(prompt, sampling_params, rid, stream=True, top_logprobs=top_logprobs)
         headers = self._request_headers(routing_key)
         try:
             response, opened = await self._retrying(lambda: self._open_stream(body, headers))

@@ -92,6 +92,8 @@ class Generation:
     client_gone: bool = False
     """The agent's connection closed during the call: the engine was asked to abort it and
     nothing of it reaches the agent."""
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    """Per output token, the engine's most likely tokens (when the call asked for them)."""
 
     @property
     def finish_type(self) -> str:
@@ -109,6 +111,7 @@ class Generation:
         self.output_ids += out.output_ids
         self.logprobs += out.logprobs
         self.versions += out.versions
+        self.top_logprobs += out.top_logprobs
         if out.finish is not None:
             self.finish = out.finish
         if out.weight_version:
@@ -121,6 +124,7 @@ class Generation:
         """Drop what was generated so far: the next engine request starts from the prompt."""
         self.discarded_tokens += len(self.output_ids)
         self.output_ids, self.logprobs, self.versions = [], [], []
+        self.top_logprobs = []
         self.finish = None
 
 
@@ -132,6 +136,7 @@ class GenerationDelta:
     logprobs: list[float]
     versions: list[int]
     done: Generation | None = None
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 class ResumePolicy(Protocol):
@@ -253,6 +258,7 @@ class GenerationController:
         request_id: str,
         keep_partial: bool = False,
         client_gone: asyncio.Event | None = None,
+        top_logprobs: int = 0,
     ) -> Generation:
         """Generate to a final finish (stop, length, or an abort that is not resumed)."""
         generation = Generation(request_id=request_id, keep_partial=keep_partial)
@@ -267,6 +273,7 @@ class GenerationController:
                         _remaining(sampling_params, len(generation.output_ids)),
                         rid=rid,
                         routing_key=session_id,
+                        top_logprobs=top_logprobs,
                     )
             except asyncio.CancelledError:
                 self._abort_in_background(rid)
@@ -290,6 +297,7 @@ class GenerationController:
         request_id: str,
         keep_partial: bool = False,
         client_gone: asyncio.Event | None = None,
+        top_logprobs: int = 0,
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Like :meth:`generate`, yielding tokens as the engine streams them."""
         generation = Generation(request_id=request_id, keep_partial=keep_partial)
@@ -303,6 +311,7 @@ class GenerationController:
                 _remaining(sampling_params, len(generation.output_ids)),
                 rid=rid,
                 routing_key=session_id,
+                top_logprobs=top_logprobs,
             )
             finished = False
             try:
@@ -311,7 +320,12 @@ class GenerationController:
                         generation.add(out)
                         if out.output_ids:
                             generation.streamed = True
-                            yield GenerationDelta(out.output_ids, out.logprobs, out.versions)
+                            yield GenerationDelta(
+                                out.output_ids,
+                                out.logprobs,
+                                out.versions,
+                                top_logprobs=out.top_logprobs,
+                            )
                 finished = True
             except EngineError as exc:
                 _attach_partial(exc, generation)

@@ -10,11 +10,12 @@ TITO validates messages itself, naming the offending index). Mapping to SGLang s
     SGLang extras: top_k (0 means off), min_p, repetition_penalty, min_tokens → min_new_tokens,
     stop_token_ids (added to the family's turn-end tokens), ignore_eos, chat_template_kwargs
 
-``tool_choice``: ``none``, ``auto``, ``required`` and a named function are accepted; tools are
-always rendered (so switching choices never rewrites the prompt) and the model's tool calls are
-always parsed. Decoding is not constrained: ``none`` does not stop the model from writing a call
-and ``required`` does not force one. ``logprobs: true`` returns the sampled tokens' log-probs;
-``top_logprobs`` and ``response_format`` other than text are refused (400). A tool's
+Every field of OpenAI's request is accounted for in :mod:`~dressage.proxy.request_fields`
+(``docs/openai-api.md``); a field in neither of its tables is refused, naming it. ``tool_choice``,
+``response_format``, ``parallel_tool_calls`` and strict tools become the engine's constraint
+(:mod:`~dressage.proxy.constraints`). ``top_p: 0`` is greedy (``top_k: 1``, as OpenAI reads it),
+``developer`` messages are rendered as ``system``, ``top_logprobs`` is the engine's
+``top_logprobs_num``, ``logit_bias`` its ``sampling_params.logit_bias``. A tool's
 ``parameters`` must be a JSON object (a JSON Schema), a message's ``role`` a string, and
 ``chat_template_kwargs.enable_thinking`` a boolean. The body's schema, for the OpenAPI document,
 is in :mod:`~dressage.proxy.openai_schema`.
@@ -30,6 +31,7 @@ import uuid
 from typing import Any
 
 from dressage.proxy.errors import BadRequest
+from dressage.proxy.request_fields import unknown_fields
 
 __all__ = [
     "SSE_DONE",
@@ -44,6 +46,10 @@ __all__ = [
 ]
 
 _TOOL_CHOICES = ("none", "auto", "required")
+_REASONING_EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True,
+                      "high": True, "xhigh": True}  # fmt: skip
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's bound on ``top_logprobs``."""
 
 
 def dumps(obj: Any) -> bytes:
@@ -64,11 +70,14 @@ class ChatRequest:
         "logprobs",
         "messages",
         "model",
+        "parallel_tool_calls",
         "partial_rollout",
+        "response_format",
         "sampling",
         "stream",
         "tool_choice",
         "tools",
+        "top_logprobs",
     )
 
     def __init__(
@@ -84,6 +93,9 @@ class ChatRequest:
         sampling: dict[str, Any],
         logprobs: bool,
         partial_rollout: bool = False,
+        top_logprobs: int = 0,
+        parallel_tool_calls: bool = True,
+        response_format: dict[str, Any] | None = None,
     ) -> None:
         self.messages = messages
         self.model = model
@@ -95,6 +107,11 @@ class ChatRequest:
         self.sampling = sampling
         """SGLang ``sampling_params`` (the session adds the family's stop tokens)."""
         self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
+        """Candidates per position in the answer's log-probs (the engine's top_logprobs_num)."""
+        self.parallel_tool_calls = parallel_tool_calls
+        self.response_format = response_format
+        """``json_schema`` or ``json_object`` (checked); None for text."""
         self.partial_rollout = partial_rollout
         """The call's ``X-Dressage-Partial-Rollout: 1`` header (set by the server, not the body)."""
         self.client_gone: asyncio.Event | None = None
@@ -167,6 +184,12 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
                 f"{type(parameters).__name__} {parameters!r:.100}",
                 param=f"tools[{i}].function.parameters",
             )
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise BadRequest(
+                f"tools[{i}].function.strict must be true or false, got {strict!r:.100}",
+                param=f"tools[{i}].function.strict",
+            )
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise BadRequest(
@@ -176,37 +199,109 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     return value or None
 
 
-def _tool_choice(value: Any) -> str | dict[str, Any] | None:
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
     if value is None or value in _TOOL_CHOICES:
         return value
+    names = [t["function"]["name"] for t in tools or ()]
+    kind = value.get("type", "function") if isinstance(value, dict) else None
+    if kind == "allowed_tools":
+        allowed = value.get("allowed_tools")
+        refs = allowed.get("tools") if isinstance(allowed, dict) else None
+        mode = allowed.get("mode", "auto") if isinstance(allowed, dict) else None
+        if not isinstance(refs, list) or not refs or mode not in ("auto", "required"):
+            raise BadRequest(
+                "tool_choice allowed_tools must be {'mode': 'auto' | 'required', 'tools': "
+                f"[{{'type': 'function', 'function': {{'name': ...}}}}, ...]}}, got {value!r:.200}",
+                param="tool_choice",
+            )
+        for ref in refs:
+            function = ref.get("function") if isinstance(ref, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if not isinstance(name, str):
+                raise BadRequest(
+                    f"tool_choice allowed_tools entry {ref!r:.100} names no function",
+                    param="tool_choice",
+                )
+            _check_named(name, names)
+        return value
     function = value.get("function") if isinstance(value, dict) else None
-    if isinstance(function, dict) and isinstance(function.get("name"), str):
+    if kind == "function" and isinstance(function, dict) and isinstance(function.get("name"), str):
+        _check_named(function["name"], names)
         return value
     raise BadRequest(
-        f"tool_choice must be one of {_TOOL_CHOICES} or "
-        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {value!r:.200}",
+        f"tool_choice must be one of {_TOOL_CHOICES}, "
+        "{'type': 'function', 'function': {'name': ...}} or "
+        f"{{'type': 'allowed_tools', 'allowed_tools': {{...}}}}, got {value!r:.200}",
         param="tool_choice",
     )
 
 
+def _check_named(name: str, names: list[str]) -> None:
+    if name not in names:
+        raise BadRequest(
+            f"tool_choice names the tool {name!r}, which is not in tools ({names})",
+            param="tool_choice",
+        )
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return value
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if (
+            isinstance(spec, dict)
+            and isinstance(spec.get("name"), str)
+            and (schema is None or isinstance(schema, dict))
+        ):
+            return value
+        raise BadRequest(
+            "response_format json_schema must be {'type': 'json_schema', 'json_schema': "
+            f"{{'name': ..., 'schema': {{...}}, 'strict': ...}}}}, got {value!r:.200}",
+            param="response_format",
+        )
+    raise BadRequest(
+        "response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}, got "
+        f"{value!r:.200}",
+        param="response_format",
+    )
+
+
 def _refuse_unsupported(body: dict[str, Any]) -> None:
+    unknown = unknown_fields(body)
+    if unknown:
+        raise BadRequest(
+            f"unknown field {unknown[0]!r}: the proxy reads OpenAI's chat fields and a few of "
+            "SGLang's (see docs/openai-api.md), and drops none silently",
+            param=unknown[0],
+        )
     n = body.get("n")
     if n is not None and n != 1:
         raise BadRequest(f"n must be 1 (one engine call per chat call), got {n!r}", param="n")
-    top = body.get("top_logprobs")
-    if top not in (None, 0):
-        raise BadRequest("top_logprobs is not supported by the proxy", param="top_logprobs")
-    response_format = body.get("response_format")
-    if response_format is not None and (
-        not isinstance(response_format, dict) or response_format.get("type") != "text"
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        param = "functions" if body.get("functions") is not None else "function_call"
+        raise BadRequest("functions/function_call are deprecated: use tools", param=param)
+    modalities = body.get("modalities")
+    if modalities is not None and (
+        not isinstance(modalities, list) or any(m != "text" for m in modalities)
     ):
         raise BadRequest(
-            "response_format other than {'type': 'text'} is not supported (no constrained "
-            "decoding)",
-            param="response_format",
+            f"modalities {modalities!r:.100} is not supported (only 'text': no audio output)",
+            param="modalities",
         )
-    if body.get("functions") is not None or body.get("function_call") is not None:
-        raise BadRequest("functions/function_call are deprecated: use tools", param="functions")
+    for key, allowed, why in (
+        ("audio", (None,), "no audio output: a text model is served"),
+        ("verbosity", (None, "medium"), "only 'medium': the model has no verbosity control"),
+        ("web_search_options", (None,), "no web search: the proxy answers from the model alone"),
+    ):
+        if body.get(key) not in allowed:
+            raise BadRequest(f"{key} {body[key]!r:.100} is not supported ({why})", param=key)
 
 
 def _sampling(body: dict[str, Any], default_max_tokens: int | None) -> dict[str, Any]:
@@ -218,7 +313,7 @@ def _sampling(body: dict[str, Any], default_max_tokens: int | None) -> dict[str,
     }
     for key, lo, hi, lo_open, target in (
         ("temperature", 0.0, 2.0, False, "temperature"),
-        ("top_p", 0.0, 1.0, True, "top_p"),
+        ("top_p", 0.0, 1.0, False, "top_p"),
         ("min_p", 0.0, 1.0, False, "min_p"),
         ("presence_penalty", -2.0, 2.0, False, "presence_penalty"),
         ("frequency_penalty", -2.0, 2.0, False, "frequency_penalty"),
@@ -229,8 +324,11 @@ def _sampling(body: dict[str, Any], default_max_tokens: int | None) -> dict[str,
         neutral = 1.0 if key == "repetition_penalty" else 0.0
         if value is not None and not (key.endswith("penalty") and value == neutral):
             sampling[target] = value
+    if sampling.get("top_p") == 0:  # OpenAI reads top_p 0 as greedy; SGLang wants (0, 1]
+        del sampling["top_p"]
+        sampling["top_k"] = 1
     top_k = body.get("top_k")
-    if top_k is not None:
+    if top_k is not None and sampling.get("top_k") != 1:
         if not _is_int(top_k) or top_k < -1:
             raise BadRequest(f"top_k must be -1, 0 (off) or >= 1, got {top_k!r}", param="top_k")
         if top_k > 0:
@@ -251,12 +349,78 @@ def _sampling(body: dict[str, Any], default_max_tokens: int | None) -> dict[str,
         if not isinstance(extra_stops, list) or not all(_is_int(t) for t in extra_stops):
             raise BadRequest("stop_token_ids must be a list of integers", param="stop_token_ids")
         sampling["stop_token_ids"] = list(extra_stops)
+    logit_bias = body.get("logit_bias")
+    if logit_bias is not None:
+        sampling["logit_bias"] = _logit_bias(logit_bias)
     ignore_eos = body.get("ignore_eos")
     if ignore_eos is not None:
         if not isinstance(ignore_eos, bool):
             raise BadRequest("ignore_eos must be a boolean", param="ignore_eos")
         sampling["ignore_eos"] = ignore_eos
     return sampling
+
+
+def _logit_bias(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise BadRequest("logit_bias must be a map of token id to bias", param="logit_bias")
+    out = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise BadRequest(
+                f"logit_bias key {key!r:.50} is not a token id (a decimal string)",
+                param="logit_bias",
+            )
+        if not _is_number(bias) or not -100 <= bias <= 100:
+            raise BadRequest(
+                f"logit_bias[{key!r}] must be a number in [-100, 100], got {bias!r:.50}",
+                param="logit_bias",
+            )
+        out[str(int(key))] = float(bias)
+    return out
+
+
+def _thinking(body: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``reasoning_effort`` as the chat template's ``enable_thinking``."""
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return kwargs
+    if effort not in _REASONING_EFFORTS:
+        raise BadRequest(
+            f"reasoning_effort must be one of {sorted(_REASONING_EFFORTS)}, got {effort!r:.50}",
+            param="reasoning_effort",
+        )
+    thinking = _REASONING_EFFORTS[effort]
+    given = kwargs.get("enable_thinking")
+    if given is not None and given is not thinking:
+        raise BadRequest(
+            f"reasoning_effort {effort!r} asks thinking {'on' if thinking else 'off'}, "
+            f"chat_template_kwargs.enable_thinking says {given}",
+            param="reasoning_effort",
+        )
+    return {**kwargs, "enable_thinking": thinking}
+
+
+def _developer_as_system(messages: list[Any]) -> list[Any]:
+    if not any(isinstance(m, dict) and m.get("role") == "developer" for m in messages):
+        return messages
+    return [
+        {**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
+        for m in messages
+    ]
+
+
+def _top_logprobs(body: dict[str, Any], logprobs: bool) -> int:
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0
+    if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise BadRequest(
+            f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r:.50}",
+            param="top_logprobs",
+        )
+    if top and not logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    return int(top)
 
 
 def parse_chat_request(body: Any, *, default_max_tokens: int | None = None) -> ChatRequest:
@@ -298,16 +462,23 @@ def parse_chat_request(body: Any, *, default_max_tokens: int | None = None) -> C
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise BadRequest("logprobs must be a boolean", param="logprobs")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise BadRequest("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    tools = _tools(body.get("tools"))
     return ChatRequest(
-        messages=messages,
+        messages=_developer_as_system(messages),
         model=model if isinstance(model, str) else str(model),
         stream=stream,
         include_usage=bool(options.get("include_usage")),
-        tools=_tools(body.get("tools")),
-        tool_choice=_tool_choice(body.get("tool_choice")),
-        chat_template_kwargs=kwargs,
+        tools=tools,
+        tool_choice=_tool_choice(body.get("tool_choice"), tools),
+        chat_template_kwargs=_thinking(body, kwargs),
         sampling=_sampling(body, default_max_tokens),
         logprobs=logprobs,
+        top_logprobs=_top_logprobs(body, logprobs),
+        parallel_tool_calls=parallel is not False,
+        response_format=_response_format(body.get("response_format")),
     )
 
 
@@ -361,9 +532,11 @@ def sse_chunk(
     finish_reason: str | None = None,
     usage: dict[str, Any] | None = None,
     with_usage_key: bool = False,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> bytes:
     """One ``data: {...}\\n\\n`` event of a ``chat.completion.chunk`` stream. ``delta=None``
-    is the usage-only chunk (``choices: []``) sent last when ``include_usage`` is set."""
+    is the usage-only chunk (``choices: []``) sent last when ``include_usage`` is set;
+    ``logprobs`` are the entries of the tokens this chunk stands for (when asked)."""
     chunk: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion.chunk",
@@ -371,7 +544,14 @@ def sse_chunk(
         "model": model,
         "choices": []
         if delta is None
-        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        else [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": {"content": logprobs} if logprobs else None,
+                "finish_reason": finish_reason,
+            }
+        ],
     }
     if with_usage_key or usage is not None:
         chunk["usage"] = usage

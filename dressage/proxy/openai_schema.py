@@ -6,7 +6,8 @@ The chat routes are plain Starlette routes (the hot path skips FastAPI's paramet
 their bodies are checked by hand (:mod:`~dressage.proxy.openai_api`), so FastAPI cannot see them.
 These pydantic models exist only to describe the body in the document, for clients and for the
 schema fuzzer (tests/proxy/test_proxy_fuzz.py); they accept what ``parse_chat_request`` accepts
-and give the same bounds, but nothing parses requests with them.
+and give the same bounds (tests/proxy/test_proxy_openapi_truth.py sends framework-style bodies
+to both), but nothing parses requests with them.
 """
 
 from __future__ import annotations
@@ -32,25 +33,33 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TextPart(_Open):
+class _Loose(BaseModel):
+    """What agents echo back may carry more keys (``refusal``, ``annotations``, ...): the
+    server reads the ones below and passes over the rest, which change no token."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Loose):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Open):
+class FunctionCall(_Loose):
     name: str
     arguments: str | dict[str, Any] = "{}"
     """A JSON object, as text (OpenAI's form) or as an object."""
 
 
-class ToolCall(_Open):
+class ToolCall(_Loose):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Open):
-    role: Literal["system", "user", "assistant", "tool"]
+class ChatMessage(_Loose):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    """``developer`` is rendered as ``system``."""
     content: str | list[TextPart] | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -63,6 +72,8 @@ class FunctionDefinition(_Open):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     """A JSON Schema object."""
+    strict: bool | None = None
+    """True: the call's arguments are constrained to ``parameters``."""
 
 
 class Tool(_Open):
@@ -79,23 +90,60 @@ class NamedToolChoice(_Open):
     function: NamedFunction
 
 
+class AllowedTools(_Open):
+    mode: Literal["auto", "required"] = "auto"
+    tools: Annotated[list[NamedToolChoice], Field(min_length=1)]
+
+
+class AllowedToolsChoice(_Open):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
 class StreamOptions(_Open):
     include_usage: bool | None = None
+    include_obfuscation: bool | None = None
 
 
 class ChatTemplateKwargs(_Open):
     enable_thinking: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class TextFormat(_Open):
     type: Literal["text"]
 
 
+class JSONObjectFormat(_Open):
+    type: Literal["json_object"]
+
+
+class JSONSchemaSpec(_Open):
+    name: str
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+
+class JSONSchemaFormat(_Open):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaSpec
+
+
+class Prediction(_Open):
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+
 _StopString = Annotated[str, Field(min_length=1)]
+_TokenId = Annotated[str, Field(pattern="^[0-9]+$")]
 
 
 class ChatCompletionBody(_Open):
-    """``POST /v1/chat/completions`` (and ``/sessions/{session_id}/v1/chat/completions``)."""
+    """``POST /v1/chat/completions`` (and ``/sessions/{session_id}/v1/chat/completions``).
+
+    Exactly the fields the server reads (docs/openai-api.md); any other is refused. Two rules
+    the schema does not state: ``top_logprobs`` above 0 needs ``logprobs: true``, and a tool
+    that ``tool_choice`` names must be in ``tools``."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     model: str | None = None
@@ -104,7 +152,7 @@ class ChatCompletionBody(_Open):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
@@ -119,11 +167,30 @@ class ChatCompletionBody(_Open):
     ignore_eos: bool | None = None
     n: Literal[1] | None = None
     logprobs: bool | None = None
-    top_logprobs: Literal[0] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logit_bias: dict[_TokenId, Annotated[float, Field(ge=-100, le=100)]] | None = None
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: (
+        Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None
+    ) = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
-    response_format: ResponseFormat | None = None
+    response_format: TextFormat | JSONObjectFormat | JSONSchemaFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    verbosity: Literal["medium"] | None = None
+    modalities: list[Literal["text"]] | None = None
+    audio: None = None
+    web_search_options: None = None
+    functions: None = None
+    function_call: None = None
+    prediction: Prediction | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
 
 
 def _chat_operation(*, by_path: bool) -> dict[str, Any]:

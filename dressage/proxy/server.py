@@ -24,6 +24,10 @@ Rollout pause and resume (around weight updates), and partial rollout asked per 
 ``X-Dressage-Partial-Rollout`` header, ``open``'s ``partial_rollout``): the pause contract in
 :mod:`~dressage.proxy.pause_controller`.
 
+Every request gets one line on the ``dressage.proxy.access`` logger (method, route, session,
+status, milliseconds, the refused field of a 4xx; :mod:`~dressage.proxy.access_log`), unless
+``--no-access-log``.
+
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413; bad
 bodies a JSON 400 naming the field (:mod:`~dressage.proxy.http_io`). Once the proxy accepts
@@ -49,6 +53,7 @@ from fastapi.responses import Response
 
 from dressage.auth import key_matches
 from dressage.config.proxy import ProxyConfig, ProxyConfigError, config_from_argv
+from dressage.proxy.access_log import ACCESS_LOGGER, AccessLog, note_refusal
 from dressage.proxy.chat_routes import SESSION_HEADERS, add_chat_routes
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.encoding import install_encode_memo
@@ -168,6 +173,7 @@ def create_app(
         error = as_proxy_error(exc)
         if error.status >= 500:
             log.error("%s %s -> %d: %s", request.method, request.url.path, error.status, exc)
+        note_refusal(request.scope, error.param, error.code)
         return _json(error.body(), error.status)
 
     @app.exception_handler(Exception)
@@ -181,6 +187,8 @@ def create_app(
     _add_sessions(app, manager, auth, config)
     _add_rollout_control(app, pause, auth, config)
     add_chat_to_openapi(app)
+    if config.access_log:
+        app.add_middleware(AccessLog)
     return app
 
 
@@ -343,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dressage-proxy: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if config.access_log:  # on by default, whatever --log-level says of the rest
+        logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
     app = create_app(config)
     tune_gc()
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.config.proxy import ProxyConfig
+from dressage.proxy.constraints import engine_constraint
 from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.errors import (
     BadRequest,
@@ -122,6 +123,8 @@ class StreamStart:
 class StreamDelta:
     fields: dict[str, str]
     """``reasoning_content`` and/or ``content`` text to send."""
+    logprobs: list[dict[str, Any]] | None = None
+    """``logprobs.content`` entries of the tokens received since the last delta (when asked)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,9 @@ class StreamEnd:
     result: ChatResult
     fields: dict[str, str]
     """What is left to send of the recorded message (see :mod:`~dressage.proxy.streaming`)."""
+    logprobs: list[dict[str, Any]] | None = None
+    """The entries of the tokens not sent with a delta yet (when asked): all the stream's
+    chunks together carry the non-streamed answer's ``logprobs.content``."""
 
 
 class SessionManager(SessionRegistry):
@@ -188,6 +194,21 @@ class SessionManager(SessionRegistry):
         if extra:
             stops = [*stops, *(t for t in extra if t not in stops)]
         sampling = {**request.sampling, "stop_token_ids": stops}
+        vocab = len(self.tito.tokenizer)
+        outside = [t for t in sampling.get("logit_bias") or {} if int(t) >= vocab]
+        if outside:
+            raise BadRequest(
+                f"logit_bias names token {outside[0]}, outside the tokenizer's vocabulary "
+                f"[0, {vocab})",
+                param="logit_bias",
+            )
+        constraint = engine_constraint(
+            request,
+            family=self.tito.parser_family or self.config.tito_model,
+            thinking=self.tito.thinking(turn.state.chat_template_kwargs),
+        )
+        if constraint is not None:
+            sampling[constraint.key] = constraint.value
         if sampling.get("max_new_tokens") is None:
             sampling["max_new_tokens"] = default_budget(
                 self.config.default_max_tokens, turn.prompt.length, context
@@ -279,7 +300,13 @@ class SessionManager(SessionRegistry):
             cached_tokens=generation.cached_tokens,
             weight_version=generation.weight_version,
             step=step,
-            logprobs=token_logprobs(self.tito, generation) if request.logprobs else None,
+            logprobs=(
+                token_logprobs(
+                    self.tito, generation.output_ids, generation.logprobs, generation.top_logprobs
+                )
+                if request.logprobs
+                else None
+            ),
         )
 
     async def _keep_interrupted(
@@ -328,6 +355,7 @@ class SessionManager(SessionRegistry):
                         request_id=completion_id,
                         keep_partial=self._keep_partial(session_id, request),
                         client_gone=request.client_gone,
+                        top_logprobs=request.top_logprobs,
                     )
                 except (EngineError, PauseCapExceeded) as exc:
                     await self._keep_interrupted(
@@ -373,7 +401,9 @@ class SessionManager(SessionRegistry):
                     request_id=completion_id,
                     keep_partial=self._keep_partial(session_id, request),
                     client_gone=request.client_gone,
+                    top_logprobs=request.top_logprobs,
                 )
+                pending: list[dict[str, Any]] = []
                 async with aclosing(deltas):
                     generation: Generation | None = None
                     first = True
@@ -385,9 +415,14 @@ class SessionManager(SessionRegistry):
                             if delta.done is not None:
                                 generation = delta.done
                                 break
+                            if request.logprobs:
+                                pending += token_logprobs(
+                                    self.tito, delta.output_ids, delta.logprobs, delta.top_logprobs
+                                )
                             fields = splitter.push(decoder.push(delta.output_ids))
                             if fields:
-                                yield StreamDelta(fields)
+                                yield StreamDelta(fields, pending or None)
+                                pending = []
                     except (EngineError, PauseCapExceeded) as exc:
                         await self._keep_interrupted(
                             session, turn, request, exc, completion_id, started
@@ -411,7 +446,7 @@ class SessionManager(SessionRegistry):
             closing = splitter.finish(result.message)
             for key, text in tail.items():
                 closing[key] = text + closing.get(key, "")
-            yield StreamEnd(result, closing)
+            yield StreamEnd(result, closing, pending if request.logprobs else None)
 
 
 def _refuse_if_nothing_to_keep(session_id: str, generation: Generation) -> None:

@@ -197,12 +197,28 @@ def step_extra(
     return extra
 
 
-def token_logprobs(tito: TITOTokenizer, generation: Generation) -> list[dict[str, Any]]:
-    """OpenAI's ``logprobs.content``: each sampled token, its text, bytes and log-prob."""
+def token_logprobs(
+    tito: TITOTokenizer,
+    output_ids: list[int],
+    logprobs: list[float],
+    top_logprobs: list[list[tuple[float, int]]] | None = None,
+) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content``: each sampled token, its text, bytes and log-prob (the
+    recorded one), with its ``top_logprobs`` candidates when the engine returned them."""
     out = []
-    for token_id, logprob in zip(generation.output_ids, generation.logprobs, strict=True):
+    tops = top_logprobs or []
+    for i, (token_id, logprob) in enumerate(zip(output_ids, logprobs, strict=True)):
         token = tito.decode([token_id])
+        candidates = []
+        for top_logprob, top_id in tops[i] if i < len(tops) else ():
+            text = tito.decode([top_id])
+            candidates.append({"token": text, "logprob": top_logprob, "bytes": list(text.encode())})
         out.append(
-            {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+            {
+                "token": token,
+                "logprob": logprob,
+                "bytes": list(token.encode()),
+                "top_logprobs": candidates,
+            }
         )
     return out

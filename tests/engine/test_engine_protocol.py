@@ -118,7 +118,7 @@ def test_greedy_and_temperature_rules() -> None:
         ),
         ({"input_ids": [[1], [2]], "stream": True}, RequestError, "streaming a batch"),
         ({"input_ids": [1], "lora_path": "x"}, RequestError, "lora_path is not supported"),
-        ({"input_ids": [1], "top_logprobs_num": 2}, RequestError, "top_logprobs_num"),
+        ({"input_ids": [1], "top_logprobs_num": -2}, RequestError, "top_logprobs_num"),
         ({"input_ids": [[1], [2]], "rid": ["a"]}, RequestError, "rid has 1 entries"),
     ],
 )

@@ -64,9 +64,14 @@ class WireLog(EngineClient):
         self.answers: dict[str, dict[str, Any]] = {}
 
     def _payload(
-        self, prompt: PromptIds, sampling: dict[str, Any], rid: str, stream: bool
+        self,
+        prompt: PromptIds,
+        sampling: dict[str, Any],
+        rid: str,
+        stream: bool,
+        top_logprobs: int = 0,
     ) -> bytes:
-        body = super()._payload(prompt, sampling, rid, stream)
+        body = super()._payload(prompt, sampling, rid, stream, top_logprobs)
         self.requests[rid] = json.loads(body)
         return body
 

@@ -168,7 +168,7 @@ def test_defaults_leave_max_tokens_to_the_proxy_default() -> None:
         ({"messages": "hi"}, "messages"),
         ({"messages": ["hi"]}, "messages"),
         ({"messages": USER, "temperature": -1}, "temperature"),
-        ({"messages": USER, "top_p": 0}, "top_p"),
+        ({"messages": USER, "top_p": 1.5}, "top_p"),
         ({"messages": USER, "max_tokens": 0}, "max_tokens"),
         ({"messages": USER, "max_tokens": True}, "max_tokens"),
         ({"messages": USER, "n": 2}, "n"),
@@ -178,8 +178,29 @@ def test_defaults_leave_max_tokens_to_the_proxy_default() -> None:
         ({"messages": USER, "tools": [{"type": "function"}]}, "tools[0]"),
         ({"messages": USER, "tools": {"a": 1}}, "tools"),
         ({"messages": USER, "tool_choice": "always"}, "tool_choice"),
-        ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
-        ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+        ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": USER, "response_format": {"type": "xml"}}, "response_format"),
+        ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format"),
+        (
+            {"messages": USER, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),  # fmt: skip
+        ({"messages": USER, "logit_bias": {"a": 1}}, "logit_bias"),
+        ({"messages": USER, "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"messages": USER, "reasoning_effort": "max"}, "reasoning_effort"),
+        (
+            {
+                "messages": USER,
+                "reasoning_effort": "none",
+                "chat_template_kwargs": {"enable_thinking": True},
+            },
+            "reasoning_effort",
+        ),  # fmt: skip
+        ({"messages": USER, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+        ({"messages": USER, "modalities": ["audio"]}, "modalities"),
+        ({"messages": USER, "verbosity": "high"}, "verbosity"),
+        ({"messages": USER, "not_a_field": 1}, "not_a_field"),
         ({"messages": USER, "stream": "yes"}, "stream"),
         ({"messages": USER, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
     ],
@@ -193,9 +214,24 @@ def test_bad_requests_name_the_field(body: dict, param: str) -> None:
 
 
 def test_tool_choice_forms_are_accepted() -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
     named = {"type": "function", "function": {"name": "get_weather"}}
-    for choice in ("none", "auto", "required", named):
-        assert parse_chat_request({"messages": USER, "tool_choice": choice}).tool_choice == choice
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [named]}}
+    for choice in ("none", "auto", "required", named, allowed):
+        body = {"messages": USER, "tools": tools, "tool_choice": choice}
+        assert parse_chat_request(body).tool_choice == choice
+
+
+def test_openai_spellings_the_proxy_reads() -> None:
+    dev = [{"role": "developer", "content": "be brief"}, *USER]
+    request = parse_chat_request({"messages": dev, "top_p": 0, "reasoning_effort": "none"})
+    assert request.messages[0] == {"role": "system", "content": "be brief"}
+    assert request.sampling["top_k"] == 1 and "top_p" not in request.sampling  # greedy
+    assert request.chat_template_kwargs == {"enable_thinking": False}
+    biased = parse_chat_request({"messages": USER, "logit_bias": {"007": -100}})
+    assert biased.sampling["logit_bias"] == {"7": -100.0}
+    top = parse_chat_request({"messages": USER, "logprobs": True, "top_logprobs": 3})
+    assert top.top_logprobs == 3
 
 
 # ------------------------------------------------------------------------------ responses
