@@ -296,9 +296,15 @@ def teacher_support(
     with torch.no_grad():
         for s in range(0, n, chunk):
             r = rows[s : s + chunk]
-            z = _scaled_rows(logits, r, temperature)
+            raw = logits.index_select(0, r)
+            # the top-K of the logits as the head wrote them (bf16 under autocast: half the
+            # bytes to select from); float32 holds them exactly and dividing by T keeps the
+            # order, so the support is z's and its values are z's same elements
+            top_raw, top_ids = _global_topk(raw, k, vocab_start, group)
+            top_z = top_raw.float() if temperature == 1.0 else top_raw.float().div_(temperature)
+            z = raw.float() if raw.dtype != torch.float32 else raw  # raw is a copy: scaled in place
+            z = z if temperature == 1.0 else z.div_(temperature)
             y = targets[s : s + chunk].to(device).long()
-            top_z, top_ids = _global_topk(z, k, vocab_start, group)
             index, inside = _support_index(y[:, None], vocab_start, width)
             z_y = _gather_support(z, index, inside, group).squeeze(-1)
             support = torch.cat([top_ids, y[:, None]], -1)
