@@ -8,7 +8,8 @@
     dressage mopd launch ...            # build (and run) slime's MOPD command line
     dressage demo                       # dressage_mopd end to end through Airflow (make demo)
     dressage assets [--config CONFIG]   # build the offline tokenizers, tiny model, tiny teachers
-    dressage env                        # the DRESSAGE_* variables and their defaults
+    dressage env                        # every variable the project reads, and its default
+    dressage --version
 
 Each subcommand lives in the module that owns it, parses the rest of the command line with its
 own argparse parser (``dressage mopd check --help``) and is imported only when it runs, so
@@ -35,26 +36,36 @@ _COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("mopd", "launch"): ("dressage.launch.slime_command:main", "slime's MOPD command line"),
     ("assets",): ("dressage.tiny.__main__:main", "build the offline assets"),
     ("demo",): ("dressage.airflow.demo:main", "dressage_mopd end to end through Airflow"),
-    ("env",): ("dressage.cli:env_main", "list the DRESSAGE_* variables"),
+    ("env",): ("dressage.cli:env_main", "list every variable the project reads"),
 }
 
 
 def env_main(argv: Sequence[str]) -> int:
-    """``dressage env``: every declared ``DRESSAGE_*`` variable, its default and meaning."""
-    argparse.ArgumentParser(prog="dressage env", description=env_main.__doc__).parse_args(argv)
-    from dressage.config.env import all_variables
+    """``dressage env``: every variable the project reads, its default and meaning."""
+    from dressage.commands import command_parser
+    from dressage.config.env import OTHER_VARIABLES, all_variables, launcher_variables
 
+    command_parser("dressage env", description=env_main.__doc__).parse_args(argv)
     for var in all_variables():
         print(f"{var.name}={var.default if var.default is not None else ''}\n    {var.doc}")
+    print("\n# the MOPD launcher's variables (the names of slime's launch scripts)")
+    for name, doc in launcher_variables():
+        print(f"{name}=\n    {doc}")
+    print("\n# other variables the scripts, make targets and libraries read")
+    for name, doc in sorted(OTHER_VARIABLES.items()):
+        print(f"{name}=\n    {doc}")
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
     """Command words only: a leaf takes no options of its own here (``add_help=False``), so
     everything after it, ``--help`` included, reaches its module's parser."""
+    from dressage.commands import version
+
     parser = argparse.ArgumentParser(
         prog="dressage", description="Dressage: train black-box agents on slime."
     )
+    parser.add_argument("--version", action="version", version=f"dressage {version()}")
     groups = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     nested: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     for path, (target, help_text) in _COMMANDS.items():
@@ -72,9 +83,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dressage.commands import invoked_as
+
     args, rest = _parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     module, func = str(args.target).split(":")
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    words = [w for w in (args.command, getattr(args, "subcommand", None)) if w]
+    with invoked_as(" ".join(["dressage", *words])):
+        return int(getattr(importlib.import_module(module), func)(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -108,3 +108,38 @@ def fuzz_examples(count: int) -> int:
 def fuzz_floor(count: int) -> int:
     """A fuzz test's floor ``count``, shrunk by a scale below 1 (never raised above it)."""
     return math.ceil(count * min(1.0, fuzz_scale()))
+
+
+def fresh_clone(root: Path) -> Path:
+    """The repository as a fresh clone holds it, at ``root``: its tracked and unignored files
+    (no runs/, no airflow_home/), with the checkout's ``.venv`` linked in."""
+    import shutil
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name)
+    (root / ".venv").symlink_to(REPO / ".venv")
+    return root
+
+
+def bash_commands(page: Path) -> list[str]:
+    """The commands of a Markdown page's bash blocks: continuation lines joined, comments
+    dropped, one command a line."""
+    import re
+
+    out: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                out.append(re.sub(r"\s+", " ", line))
+    return out

@@ -3,11 +3,18 @@ answers (exit 0) and a bad command line is an argparse error (exit 2), before an
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dressage.cli import main as dressage_main
+from dressage.commands import version
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -72,3 +79,144 @@ def test_dressage_env_lists_the_proxys_variables(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert "DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC=300\n" in out
     assert "DRESSAGE_ENGINE_ADMIN_KEY=\n" in out and "DRESSAGE_PROXY_MODEL_NAME=dressage\n" in out
+
+
+def _listed(out: str) -> set[str]:
+    """The variables `dressage env` printed (``NAME=default`` lines; meanings are indented)."""
+    return {line.split("=", 1)[0] for line in out.splitlines() if re.match(r"[A-Z]\w*=", line)}
+
+
+# Names that look like variables but are not read from the environment.
+NOT_VARIABLES = {
+    "DRESSAGE_ENGINE_URL": "the engine's ready line on stdout (DRESSAGE_ENGINE_URL=...)",
+    "DRESSAGE_KEYS": "a tuple of metadata prefixes in bench/convert.py",
+    "DRESSAGE_A": "a made-up variable of a test",
+    "DRESSAGE_B": "a made-up variable of a test",
+    "DRESSAGE_X": "a made-up variable of a test",
+    "DRESSAGE_JOB": "the prefix of DRESSAGE_JOB_MODULE, which some tests leave out",
+    "DRESSAGE_ENGINE": "the start of DRESSAGE_ENGINE_ADMIN_KEY in a test's expected message",
+}
+_NAME = re.compile(r"(?<![A-Za-z0-9_])DRESSAGE_[A-Z0-9_]*[A-Z0-9](?![A-Za-z0-9_*])")
+
+
+def _repository_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    skip = ("bench/results/", "tests/ui/package-lock.json")
+    out = []
+    for name in listed:
+        path = REPO / name
+        if name.startswith(skip) or not path.is_file() or path.suffix in {".png", ".safetensors"}:
+            continue
+        out.append(path)
+    return out
+
+
+def test_dressage_env_lists_every_variable_the_repository_names(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every DRESSAGE_* name in any file of the repository (code, scripts, DAGs, tests, docs)
+    is a variable `dressage env` lists, or one of NOT_VARIABLES; and so is each launcher
+    variable."""
+    assert dressage_main(["env"]) == 0
+    listed = _listed(capsys.readouterr().out)
+    named: dict[str, str] = {}
+    for path in _repository_files():
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for found in _NAME.findall(text):
+            named.setdefault(found, str(path.relative_to(REPO)))
+    missing = {n: where for n, where in named.items() if n not in listed and n not in NOT_VARIABLES}
+    assert not missing, f"named in the repository but not listed by `dressage env`: {missing}"
+    for name in ("DRESSAGE_MOPD_SCHEDULE", "DRESSAGE_AIRFLOW_HOME", "DRESSAGE_VENV", "TP_SIZE"):
+        assert name in listed
+    assert set(NOT_VARIABLES) <= set(named), "NOT_VARIABLES names one the repository dropped"
+
+
+# What the shell scripts read that is theirs alone (set by them, or the shell's own).
+SCRIPT_LOCALS = {"PATH", "PWD", "PIP", "VENV", "STAMP", "AIRFLOW_UID", "POSTGRES_PASSWORD"}
+SCRIPT_LOCALS |= {"AIRFLOW_JWT_SECRET"}  # containers/compose.yaml's, from containers/.env
+SCRIPT_LOCALS |= {"RAY_AUTH_MODE"}  # set by the Makefile and the scripts, for Ray
+
+
+def test_dressage_env_lists_what_the_scripts_read(capsys: pytest.CaptureFixture[str]) -> None:
+    assert dressage_main(["env"]) == 0
+    listed = _listed(capsys.readouterr().out)
+    read: set[str] = set()
+    scripts = [*REPO.glob("scripts/*.sh"), REPO / "Makefile", *REPO.glob("containers/*.yaml")]
+    for path in scripts:
+        read |= set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", path.read_text()))
+    read = {n for n in read if not n.startswith("AIRFLOW__")}  # Airflow's own config
+    assert not read - listed - SCRIPT_LOCALS, sorted(read - listed - SCRIPT_LOCALS)
+
+
+def test_dressage_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        dressage_main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dressage {version()}"
+
+
+# Each `dressage` command and the module that parses it (the proxy's is dressage-proxy's).
+COMMANDS = {
+    ("artifacts", "validate"): "dressage.staging.cli",
+    ("artifacts", "show"): "dressage.staging.cli",
+    ("engine", "serve"): "dressage.engine.cli",
+    ("mopd", "check"): "dressage.launch.preflight",
+    ("mopd", "launch"): "dressage.launch.slime_command",
+    ("assets",): "dressage.tiny.__main__",
+    ("demo",): "dressage.airflow.demo",
+    ("env",): "dressage.cli",
+}
+
+
+class _Parsed(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def _parser_of(words: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The parser ``dressage WORDS`` builds, caught as it starts parsing."""
+    seen: list[argparse.ArgumentParser] = []
+    real = argparse.ArgumentParser.parse_known_args
+    calls = {"top": 0}
+
+    def catch(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        if self.prog == "dressage" or calls["top"]:  # the command words, and their subparsers
+            calls["top"] += self.prog == "dressage"
+            try:
+                return real(self, *args, **kwargs)
+            finally:
+                calls["top"] -= self.prog == "dressage"
+        seen.append(self)
+        raise _Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
+    with pytest.raises(_Parsed):
+        dressage_main([*words, "--help"])
+    return seen[0]
+
+
+@pytest.mark.parametrize("words", list(COMMANDS), ids=" ".join)
+def test_every_command_names_itself_and_explains_every_flag(
+    words: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = _parser_of(words, monkeypatch)
+    assert parser.prog == " ".join(["dressage", *words])
+    options = [a for a in parser._actions if a.option_strings]
+    assert any("--version" in a.option_strings for a in options), "no --version"
+    text = parser.format_help()
+    for action in options:
+        assert action.help and action.help != argparse.SUPPRESS, f"{action.option_strings}"
+        worth_showing = action.default not in (None, False, [], argparse.SUPPRESS)
+        if worth_showing and not isinstance(action, argparse._VersionAction):
+            shown = parser._get_formatter()._expand_help(action)  # type: ignore[attr-defined]
+            assert "default" in shown.lower(), f"{action.option_strings} hides its default"
+    assert "usage: " + parser.prog in text

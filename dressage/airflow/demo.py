@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dressage.commands import command_parser
 from dressage.config.job import EMBEDDED_MOPD_OPTIONS
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -159,11 +160,25 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dressage.airflow.demo", description=__doc__)
-    parser.add_argument("--steps", type=int, default=int(os.environ.get("DEMO_STEPS", "100")))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--run-root", type=Path, default=PROJECT / "runs" / "demo")
-    parser.add_argument("--artifact-root", default=(PROJECT / "runs" / "artifacts").as_uri())
+    parser = command_parser(
+        "python -m dressage.airflow.demo",
+        description=__doc__,
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=int(os.environ.get("DEMO_STEPS", "100")),
+        help="training steps (the steps Param) [env DEMO_STEPS]",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed (the seed Param)")
+    parser.add_argument(
+        "--run-root", type=Path, default=PROJECT / "runs" / "demo", help="the run folders"
+    )
+    parser.add_argument(
+        "--artifact-root",
+        default=(PROJECT / "runs" / "artifacts").as_uri(),
+        help="where the artifacts are staged",
+    )
     parser.add_argument("--conf", default="{}", help="more Params of dressage_mopd, as JSON")
     parser.add_argument("--verbose", action="store_true", help="show Airflow's own logs")
     return parser

@@ -24,7 +24,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from dressage.airflow.param_checks import TRAINING_NUMBERS, VALIDATION_NUMBERS, NumberRule
-from dressage.config.env import declare, env_str
+from dressage.config.env import env_str
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -34,13 +34,7 @@ __all__ = [
     "validation_params",
 ]
 
-SCHEDULE_ENV = "DRESSAGE_MOPD_SCHEDULE"
-declare(
-    SCHEDULE_ENV,
-    None,
-    "Schedule of the dressage_mopd DAG: a cron expression or preset (@daily, ...); "
-    "unset = triggered runs only. Read by the DAG processor when it parses the DAG.",
-)
+SCHEDULE_ENV = "DRESSAGE_MOPD_SCHEDULE"  # declared in dressage.config.env
 
 DEFAULT_CONFIG = "configs/mopd/embedded.json"
 SECTION = "Job and cluster settings"

@@ -54,6 +54,33 @@ _DECLARED = [
         None,
         "Path of the MOPD JSON config (teachers, datasets, reward modules).",
     ),
+    EnvVar(
+        "DRESSAGE_MOPD_SCHEDULE",
+        None,
+        "Schedule of the dressage_mopd DAG: a cron expression or preset (@daily, ...); "
+        "unset = triggered runs only. Read by the DAG processor when it parses the DAG.",
+    ),
+    EnvVar(
+        "DRESSAGE_JOB_MODULE",
+        "dressage.jobs.train",
+        "Module the training DAGs run as `python -m MODULE --run-config RUN.json` "
+        "(internal: tests point it at a small contract job).",
+    ),
+    EnvVar(
+        "DRESSAGE_AIRFLOW_HOME",
+        None,
+        "AIRFLOW_HOME of `make airflow` (scripts/airflow.sh). Default: ./airflow_home.",
+    ),
+    EnvVar(
+        "DRESSAGE_VENV",
+        ".venv",
+        "The virtual environment `make` and scripts/bootstrap.sh install into and run from.",
+    ),
+    EnvVar(
+        "DRESSAGE_FUZZ_SCALE",
+        "1",
+        "Example counts of the schema fuzz tests, times this (scripts/chaos.py raises it).",
+    ),
 ]
 
 ENV: dict[str, EnvVar] = {v.name: v for v in _DECLARED}
@@ -78,6 +105,39 @@ def all_variables() -> list[EnvVar]:
     import dressage.config.proxy  # noqa: F401  (declares the DRESSAGE_PROXY_* variables)
 
     return sorted(ENV.values(), key=lambda v: v.name)
+
+
+# Variables read outside the DRESSAGE_* family: scripts, make targets, libraries' own names.
+OTHER_VARIABLES: dict[str, str] = {
+    "AIRFLOW_HOME": "Airflow's home: `make demo` sets ./airflow_home (make airflow: "
+    "DRESSAGE_AIRFLOW_HOME).",
+    "AIRFLOW_PORT": "Port of `make airflow` (scripts/airflow.sh). Default: 8080.",
+    "DEMO_ARGS": "Arguments `make demo` passes to `dressage demo` (--steps N, --conf JSON).",
+    "DEMO_STEPS": "Default of `dressage demo --steps`. Default: 100.",
+    "SLIME_ROOT": "A slime checkout: `make test` then runs the real-slime tier (tests/real_slime).",
+    "PYTHON": "The interpreter scripts/bootstrap.sh makes .venv from (default python3.11), and "
+    "the one scripts/run_mopd_qwen3.5_sync.sh runs the launcher with.",
+    "WITH_TORCH": "scripts/bootstrap.sh: 0 leaves torch to the image (the trainer image).",
+    "OMP_NUM_THREADS": "Intra-op threads of the engine, proxy and trainer; scripts/demo.sh sets 1.",
+    "XDG_CACHE_HOME": "Parent of the asset cache when DRESSAGE_CACHE_DIR is unset.",
+    "RAY_ADDRESS": "The Ray dashboard `dressage mopd launch --submit` submits to.",
+    "WANDB_API_KEY": "The W&B key a run with --use-wandb forwards to the workers (never a flag).",
+    "WANDB_MODE": "W&B's mode; offline or disabled needs no WANDB_API_KEY.",
+    "MODEL_ARGS": "scripts/run_mopd_qwen3.5_sync.sh: slime's model flags, after --.",
+    "DRY_RUN": "scripts/run_mopd_qwen3.5_sync.sh: 1 validates and prints the command.",
+    "LAUNCH": "scripts/run_mopd_qwen3.5_sync.sh: exec runs the command here (default: submit).",
+    "CHECK_IMPORTS": "scripts/run_mopd_qwen3.5_sync.sh: 0 passes --no-check-imports.",
+}
+
+
+def launcher_variables() -> list[tuple[str, str]]:
+    """(name, meaning) of the launcher's variables, which keep slime's launch scripts' names."""
+    from dressage.config.run import ENV_FIELDS
+
+    return [
+        (name, f"The launcher's --{field.replace('_', '-')}.")
+        for name, field in sorted(ENV_FIELDS.items())
+    ]
 
 
 def _raw(name: str) -> str | None:

@@ -189,20 +189,44 @@ def load_mopd_config(path: str | Path | None = None) -> MopdConfig:
         problem = Problem("DRESSAGE_MOPD_TEACHER_CONFIG", "no MOPD config path given or set")
         raise MopdConfigError([problem], source="MOPD config")
     source = Path(raw_path).expanduser().resolve()
-    try:
-        data = json.loads(source.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise MopdConfigError([Problem(str(source), f"unreadable: {exc}")]) from exc
+    data = _read_json(source)
     try:
         config = MopdConfig.model_validate(data)
     except ValidationError as exc:
-        raise MopdConfigError(pydantic_problems(exc, data), source=str(source)) from exc
+        found = pydantic_problems(exc, data, MopdConfig)
+        raise MopdConfigError(found, source=str(source)) from exc
     problems: list[Problem] = []
     config = resolve_paths(config, source.parent, problems)
     problems += _config_problems(config, check_paths=False)
     if problems:
         raise MopdConfigError(problems, source=str(source))
     return config
+
+
+def _read_json(source: Path) -> dict[str, Any]:
+    """The file's JSON object; a missing, empty or malformed file is one sentence saying so."""
+
+    def fail(message: str) -> MopdConfigError:
+        return MopdConfigError([Problem(str(source), message)], source="MOPD config")
+
+    try:
+        text = source.read_text()
+    except FileNotFoundError:
+        raise fail("no such file") from None
+    except OSError as exc:
+        raise fail(f"cannot be read: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise fail("the file is empty; a MOPD config is a JSON object with teachers and datasets")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(
+            f"is not valid JSON: {exc.msg.lower()} at line {exc.lineno}, column {exc.colno}"
+        ) from None
+    if not isinstance(data, dict):
+        kind = {"list": "a list", "str": "a string"}.get(type(data).__name__, json.dumps(data))
+        raise fail(f"must hold a JSON object with teachers and datasets, got {kind}")
+    return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +258,8 @@ def _config_problems(config: MopdConfig, *, check_paths: bool) -> list[Problem]:
                 )
             )
         if not (math.isfinite(ds.weight) and ds.weight > 0):
-            problems.append(Problem(subject, f"weight must be > 0, got {ds.weight}"))
+            finite = "" if math.isfinite(ds.weight) else " and finite"
+            problems.append(Problem(subject, f"weight must be > 0{finite}, got {ds.weight}"))
         if ds.agent_mode == "whitebox" and not ds.generate_function_path:
             problems.append(Problem(subject, "a whitebox dataset needs generate_function_path"))
         if ds.generate_function_path and not _DOTTED.match(ds.generate_function_path):

@@ -11,8 +11,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from dressage.commands import error_message
 from dressage.config.env import cache_dir
 from dressage.config.problems import Problem
 
@@ -24,10 +25,11 @@ __all__ = ["pydantic_problems", "resolve_paths"]
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def pydantic_problems(exc: ValidationError, data: Any) -> list[Problem]:
-    """Each type error, its subject named as the config names it (a dataset by its name)."""
+def pydantic_problems(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[Problem]:
+    """Each type error as one sentence, its subject named as the config names it (a dataset by
+    its name), a misspelled key with the key it may have meant."""
     out = []
-    for err in exc.errors():
+    for err in exc.errors(include_url=False):
         loc = err["loc"]
         subject = ".".join(str(p) for p in loc) or "config"
         if len(loc) >= 2 and loc[0] == "datasets" and isinstance(loc[1], int):
@@ -41,7 +43,7 @@ def pydantic_problems(exc: ValidationError, data: Any) -> list[Problem]:
         elif len(loc) >= 2 and loc[0] == "teachers":
             rest = ".".join(str(p) for p in loc[2:])
             subject = f"teacher {loc[1]!r}" + (f" {rest}" if rest else "")
-        out.append(Problem(subject, err["msg"]))
+        out.append(Problem(subject, error_message(err, model)))
     return out
 
 

@@ -48,25 +48,34 @@ DEFAULT_MOPD_TOPK = 16
 class ClusterLayout(BaseModel):
     """Where and how slime runs on the cluster: parallelism, GPUs, W&B, further flags."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     tp_size: int = Field(default=1, ge=1)
+    """Tensor parallel size (slime's --tensor-model-parallel-size)."""
     cp_size: int = Field(default=1, ge=1)
+    """Context parallel size (slime's --context-parallel-size)."""
     pp_size: int = Field(default=1, ge=1)
+    """Pipeline parallel size (slime's --pipeline-model-parallel-size)."""
     actor_num_nodes: int = Field(default=1, ge=1)
+    """Nodes of the training actors."""
     actor_num_gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs per node of the training actors."""
     colocate: bool = True
     """Trainer and rollout engines share the GPUs (the sync recipe)."""
     rollout_num_gpus: int | None = Field(default=None, ge=1)
     """Engine GPUs when not colocated."""
     rollout_num_gpus_per_engine: int = Field(default=1, ge=1)
+    """GPUs of each SGLang engine."""
 
     max_tokens_per_gpu: int | None = Field(default=None, ge=1)
     """Dynamic micro-batching budget; None keeps slime's static micro-batches."""
 
     use_wandb: bool = False
+    """Log to Weights & Biases (WANDB_API_KEY from the environment, never a flag)."""
     wandb_project: str | None = None
+    """The W&B project; needed with --use-wandb."""
     wandb_group: str | None = None
+    """The W&B group."""
 
     python: str = "python3"
     """Interpreter of the training command on the cluster (the slime image's)."""
@@ -76,7 +85,9 @@ class ClusterLayout(BaseModel):
 
 
 class MopdRunConfig(ClusterLayout):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """What one MOPD launch of slime decides; the teachers and datasets are its config's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     mopd_config: str = Field(min_length=1)
     """The MOPD JSON (teachers, datasets, reward modules)."""
@@ -88,24 +99,33 @@ class MopdRunConfig(ClusterLayout):
     ref_load: str | None = None
     """Student torch_dist folder; default: the config's ``student.ref_load``."""
     ref_ckpt_step: int | None = Field(default=None, ge=0)
+    """Iteration of --ref-load to start from; default: the config's ``student.ckpt_step``."""
     load: str | None = None
     """Resume folder; default ``<output_dir>/checkpoints``."""
     save: str | None = None
     """Checkpoint folder; default ``<output_dir>/checkpoints``."""
     save_interval: int = Field(default=20, ge=1)
+    """Rollouts between checkpoints."""
 
     num_rollout: int = Field(default=100, ge=1)
+    """Rollouts to train, one optimizer step each (MOPD's steps)."""
     rollout_batch_size: int = Field(default=32, ge=1)
+    """Prompts a rollout."""
     n_samples_per_prompt: int = Field(default=1, ge=1)
     """MOPD takes 1; more is refused by validation, naming the option."""
     global_batch_size: int | None = Field(default=None, ge=1)
     """Default: rollout_batch_size x n_samples_per_prompt (one step per rollout)."""
     rollout_max_response_len: int = Field(default=8192, ge=1)
+    """Most new tokens of one model call."""
     rollout_temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of the rollout."""
 
     seed: int = 1234
+    """Training seed (slime's --seed)."""
     rollout_seed: int = 42
+    """Sampling seed (slime's --rollout-seed)."""
     mopd_advantage_clip: float | None = Field(default=None, gt=0)
+    """``--mopd-advantage-clip`` c of the sampled objective; None: the driver's default (5)."""
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
     """``--mopd-objective``; ``dense`` is refused here (embedded trainer only)."""
     mopd_topk: int | None = None

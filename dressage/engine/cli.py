@@ -25,6 +25,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from dressage.commands import command_parser
 from dressage.config.env import env_secret
 from dressage.engine.config import ADMIN_KEY_ENV, API_KEY_ENV, EngineConfig
 
@@ -32,14 +33,27 @@ READY_PREFIX = "DRESSAGE_ENGINE_URL="
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dressage engine serve", description=__doc__.split("\n")[0])
-    p.add_argument("--model", "--model-path", dest="model_path", required=True)
-    p.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer_path")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
+    p = command_parser("python -m dressage.engine.cli", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--model",
+        "--model-path",
+        dest="model_path",
+        required=True,
+        help="the model's Hugging Face folder",
+    )
+    p.add_argument(
+        "--tokenizer",
+        "--tokenizer-path",
+        dest="tokenizer_path",
+        help="the tokenizer's folder (default: the model's)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on")
+    p.add_argument("--port", type=int, default=30000, help="port to serve on")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--weight-version", default="default")
+    p.add_argument(
+        "--weight-version", default="default", help="the version the first weights report"
+    )
     p.add_argument("--api-key", help=f"key of every route but health (prefer {API_KEY_ENV})")
     p.add_argument("--admin-api-key", help=f"key of the control routes (prefer {ADMIN_KEY_ENV})")
     p.add_argument(
@@ -47,16 +61,20 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve pause, abort and weight updates without a key (loopback only; for tests)",
     )
-    p.add_argument("--served-model-name")
-    p.add_argument("--context-length", type=int)
-    p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--served-model-name", help="the model name the API reports (SGLang's)")
+    p.add_argument(
+        "--context-length", type=int, help="most tokens of a sequence (default: the model's)"
+    )
+    p.add_argument("--max-running-requests", type=int, help="requests decoded at once")
     p.add_argument("--max-total-tokens", type=int, help="KV budget in token positions")
-    p.add_argument("--max-prefill-tokens", type=int)
+    p.add_argument("--max-prefill-tokens", type=int, help="most prompt tokens a prefill batch")
     p.add_argument(
         "--num-threads", type=int, help="CPU threads for the lm_head pass (default: all cores)"
     )
-    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
-    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--max-body-bytes", type=int, default=16 * 1024 * 1024, help="largest request body"
+    )
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     return p
 
 

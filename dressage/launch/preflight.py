@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dressage.commands import command_parser
 from dressage.config.mopd import (
     OBJECTIVE_SLIME_OPTIONS,
     MopdConfig,
@@ -47,13 +48,19 @@ from dressage.config.mopd import (
     validate_mopd_run,
 )
 from dressage.config.run import DEFAULT_MOPD_OBJECTIVE, DEFAULT_MOPD_TOPK, MOPD_OBJECTIVES
-from dressage.tiny.checkpoints import resolve_checkpoint
+from dressage.tiny.checkpoints import (
+    TEACHER_PREFIX,
+    CheckpointNotBuiltError,
+    find_checkpoint,
+    resolve_checkpoint,
+)
 
 __all__ = [
     "PreflightReport",
     "DEFAULT_SKILL_FLOOR",
     "checkpoint_problems",
     "load_config",
+    "not_built",
     "objective_problems",
     "preflight",
     "route_problems",
@@ -151,6 +158,60 @@ def checkpoint_problems(
         return problems, None
     size = info.vocab_rows or (info.tokenizer.size if info.tokenizer else None)
     return problems, size
+
+
+def partial_config(path: str | Path) -> MopdConfig | None:
+    """A config of the student and teachers of ``path`` that load on their own, no datasets:
+    what a config that does not load still lets :func:`checkpoint_problems` check."""
+    from pydantic import ValidationError
+
+    from dressage.config.mopd import StudentSpec, TeacherSpec
+    from dressage.config.mopd_files import resolve_paths
+
+    source = Path(path).expanduser().resolve()
+    try:
+        data = json.loads(source.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    named = data.get("teachers")
+    teachers = {}
+    for tid, raw in (named if isinstance(named, dict) else {}).items():
+        try:
+            teachers[str(tid)] = TeacherSpec.model_validate(raw)
+        except ValidationError:
+            continue
+    try:
+        student = StudentSpec.model_validate(data["student"]) if "student" in data else None
+    except ValidationError:
+        student = None
+    if not teachers and student is None:
+        return None
+    config = MopdConfig(teachers=teachers, datasets=[], student=student)
+    return resolve_paths(config, source.parent, [])
+
+
+def not_built(
+    config: MopdConfig, config_path: str | Path, problems: Sequence[Problem]
+) -> list[Problem]:
+    """``problems`` with the ``tiny-sft:`` checkpoints the config names that are not built yet
+    said once, as the command that builds them, instead of once per place that names each."""
+    missing = []
+    for spec in config.built_specs():
+        try:
+            if spec.startswith(TEACHER_PREFIX) and find_checkpoint(spec) is None:
+                missing.append(spec)
+        except ValueError:  # a malformed spec: its own problem says so
+            continue
+    if not missing:
+        return list(problems)
+    said = [str(CheckpointNotBuiltError(spec)) for spec in missing]
+    kept = [p for p in problems if not any(text in p.message for text in said)]
+    what = f"{len(missing)} tiny checkpoint(s) this config names are not built yet"
+    command = f"dressage assets --config {config_path}"
+    first = Problem("checkpoints", f"{what}: run `{command}` first (once; minutes on a CPU)")
+    return [first, *kept]
 
 
 Backend = Literal["embedded", "ray"]
@@ -256,7 +317,11 @@ def preflight(
     the student's vocabulary."""
     report = PreflightReport(config=config_path, objective=objective)
     config, report.problems = load_config(config_path)
-    if config is None:
+    if config is None:  # still check the checkpoints of the parts that load
+        partial = partial_config(config_path)
+        if partial is not None:
+            found, _ = checkpoint_problems(partial, student=student, objective=objective)
+            report.problems += not_built(partial, config_path, found)
         return report
     report.teachers = sorted(config.teachers)
     report.datasets = [ds.name for ds in config.datasets]
@@ -282,20 +347,23 @@ def preflight(
     skill_problems, skill_warnings = skill_findings(
         config, objective=objective, floor=skill_floor, required=require_skilled_teachers
     )
-    report.problems = problems + objective_found + ckpt_problems + skill_problems
+    found = problems + objective_found + ckpt_problems + skill_problems
+    report.problems = not_built(config, config_path, found)
     report.warnings = warnings + skill_warnings
     return report
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dressage mopd check",
+    parser = command_parser(
+        "python -m dressage.launch.preflight",
         description="Check MOPD configs: the config, routes, rewards, checkpoints, teachers' "
         "skill. Exit 1 listing every problem.",
     )
     parser.add_argument("configs", nargs="+", metavar="CONFIG", help="MOPD config JSON file(s)")
     parser.add_argument("--student", default=None, help="student checkpoint (default: config's)")
-    parser.add_argument("--objective", choices=["mopd", "grpo"], default="mopd")
+    parser.add_argument(
+        "--objective", choices=["mopd", "grpo"], default="mopd", help="what the run trains"
+    )
     parser.add_argument(
         "--backend",
         choices=["embedded", "ray"],

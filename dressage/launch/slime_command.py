@@ -34,6 +34,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from pydantic import ValidationError
+
+from dressage.commands import command_parser, did_you_mean, validation_sentences
 from dressage.config.mopd import (
     MOPD_HOOKS,
     OBJECTIVE_SLIME_OPTIONS,
@@ -45,7 +48,14 @@ from dressage.config.mopd import (
     slime_options,
     validate_mopd_run,
 )
-from dressage.config.run import DEFAULT_MOPD_TOPK, ClusterLayout, MopdRunConfig
+from dressage.config.run import (
+    DEFAULT_MOPD_TOPK,
+    ENV_FIELDS,
+    MOPD_OBJECTIVES,
+    ClusterLayout,
+    MopdRunConfig,
+)
+from dressage.launch.preflight import not_built
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 from dressage.tiny.checkpoints import resolve_checkpoint
 
@@ -54,7 +64,9 @@ __all__ = [
     "build_mopd_command",
     "build_mopd_job",
     "layout_flags",
+    "readable",
     "submit_argv",
+    "write_config",
     "write_job_files",
 ]
 
@@ -144,6 +156,7 @@ def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = No
     )
     problems += _wandb_problems(run, env)
     if problems:
+        problems = not_built(config, run.mopd_config, problems)
         raise MopdConfigError(problems, source=f"MOPD launch of {run.mopd_config}")
     forwarded = {key: env[key] for key in config.runtime_env_keys}
     if run.use_wandb:
@@ -281,11 +294,16 @@ def _wandb_problems(run: MopdRunConfig, env: Mapping[str, str]) -> list[Problem]
     return problems
 
 
+def write_config(job: MopdJob) -> None:
+    """Write the resolved config the command reads (no secrets: a dry run writes it too)."""
+    job.resolved_config.parent.mkdir(parents=True, exist_ok=True)
+    job.resolved_config.write_text(job.config_json + "\n")
+
+
 def write_job_files(job: MopdJob) -> None:
     """Write the resolved config and the runtime env (mode 0600: it may hold secrets)."""
-    job.resolved_config.parent.mkdir(parents=True, exist_ok=True)
+    write_config(job)
     job.metrics_dir.mkdir(parents=True, exist_ok=True)
-    job.resolved_config.write_text(job.config_json + "\n")
     fd = os.open(job.runtime_env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(job.runtime_env, fh, indent=2, sort_keys=True)
@@ -310,46 +328,121 @@ def submit_argv(job: MopdJob, address: str) -> list[str]:
     ]
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m dressage.launch.slime_command",
-        description="Validate a MOPD run and print, exec or submit its slime command.",
+# slime's (Megatron's) own spellings of the settings the launcher takes under shorter names.
+SLIME_SPELLINGS: Mapping[str, str] = {
+    "tp_size": "--tensor-model-parallel-size",
+    "cp_size": "--context-parallel-size",
+    "pp_size": "--pipeline-model-parallel-size",
+}
+_ENV_OF = {field: name for name, field in ENV_FIELDS.items()}
+_REQUIRED = ("mopd_config", "output_dir")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _field_help(name: str) -> str:
+    info = MopdRunConfig.model_fields[name]
+    text = " ".join((info.description or "").split()).replace("``", "").replace("%", "%%")
+    if info.default is not None and not info.is_required():
+        shown = DEFAULT_MOPD_TOPK if name == "mopd_topk" else info.default
+        text += f" (default: {shown})"
+    if name in _ENV_OF:
+        text += f" [env {_ENV_OF[name]}]"
+    return text
+
+
+def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = command_parser(
+        "python -m dressage.launch.slime_command",
+        description="Validate a MOPD run (config, options, checkpoints) and print, exec or "
+        "submit its slime command line. Exit 1 listing every problem.",
+        epilog="Flags after -- go to slime as they are. Keys are read from the environment, "
+        "never from a flag.",
     )
     for name, info in MopdRunConfig.model_fields.items():
         if name == "extra_args":
             continue
-        flag = "--" + name.replace("_", "-")
+        flags = [_flag(name)] + ([SLIME_SPELLINGS[name]] if name in SLIME_SPELLINGS else [])
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _field_help(name)}
         if info.annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        else:
-            parser.add_argument(flag, default=None)
+            kwargs["action"] = argparse.BooleanOptionalAction
+        if name in _REQUIRED:
+            kwargs["required"] = not environ.get(_ENV_OF[name], "")
+            kwargs["metavar"] = "PATH"
+        if name == "mopd_objective":
+            kwargs["choices"] = MOPD_OBJECTIVES
+        parser.add_argument(*flags, **kwargs)
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_const", dest="mode", const="print")
-    mode.add_argument("--exec", action="store_const", dest="mode", const="exec")
-    mode.add_argument("--submit", action="store_const", dest="mode", const="submit")
-    parser.add_argument("--address", default=None, help="Ray dashboard (default $RAY_ADDRESS)")
-    parser.add_argument("extra_args", nargs=argparse.REMAINDER, help="-- more slime flags")
+    mode.add_argument(
+        "--dry-run",
+        action="store_const",
+        dest="mode",
+        const="print",
+        help="write the resolved config and print the command (the default)",
+    )
+    mode.add_argument(
+        "--exec", action="store_const", dest="mode", const="exec", help="run the command here"
+    )
+    mode.add_argument(
+        "--submit",
+        action="store_const",
+        dest="mode",
+        const="submit",
+        help="submit the command as a Ray job",
+    )
+    parser.add_argument(
+        "--address", default=None, help="Ray dashboard of --submit (default: $RAY_ADDRESS)"
+    )
     return parser
 
 
+def _unknown_flag_error(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> None:
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    flag = next((u.split("=", 1)[0] for u in unknown if u.startswith("-")), unknown[0])
+    parser.error(
+        f"unrecognized option {flag}{did_you_mean(flag, known)}; slime's own flags go after --"
+    )
+
+
+def readable(argv: Sequence[str]) -> str:
+    """The command as a shell line, one flag and its values a line."""
+    lines: list[list[str]] = [[]]
+    for arg in argv:
+        if arg.startswith("--") and lines[-1]:
+            lines.append([])
+        lines[-1].append(shlex.quote(arg))
+    return " \\\n    ".join(" ".join(line) for line in lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    ours = argv[: argv.index("--")] if "--" in argv else argv
+    parser = _parser(os.environ)
+    ns, unknown = parser.parse_known_args(ours)
+    if unknown:
+        _unknown_flag_error(parser, unknown)
     fields = {k: v for k, v in vars(ns).items() if k in MopdRunConfig.model_fields}
-    fields.pop("extra_args", None)
-    extra = [a for a in ns.extra_args if a != "--"] if ns.extra_args else []
     try:
         run = MopdRunConfig.from_env(os.environ, **fields, extra_args=extra or None)
+    except ValidationError as exc:  # a bad flag value: one sentence each, naming the flag
+        flag_of = lambda loc: _flag(str(loc[0])) if loc else "the run"  # noqa: E731
+        for sentence in validation_sentences(exc, MopdRunConfig, name=flag_of):
+            print(f"{parser.prog}: {sentence}", file=sys.stderr)
+        return 2
+    try:
         job = build_mopd_job(run)
     except MopdConfigError as exc:
         print(exc, file=sys.stderr)
-        return 2
-    except ValueError as exc:  # pydantic: a bad field value
-        print(f"invalid run settings: {exc}", file=sys.stderr)
-        return 2
+        return 1
     names = ", ".join(sorted(job.env)) or "none"
     print(f"# forwarded environment (values not shown): {names}", file=sys.stderr)
     if (ns.mode or "print") == "print":
-        print(job.entrypoint)
+        write_config(job)
+        print(f"# wrote {job.resolved_config} (the command reads it)", file=sys.stderr)
+        print(readable(job.argv))
         return 0
     write_job_files(job)
     if ns.mode == "exec":

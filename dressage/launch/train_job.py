@@ -21,18 +21,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dressage.config.env import declare, env_str
+from dressage.config.env import env_str
 
 __all__ = ["DEFAULT_JOB_MODULE", "JOB_MODULE_ENV", "job_module", "train_entrypoint"]
 
 JOB_MODULE_ENV = "DRESSAGE_JOB_MODULE"
-DEFAULT_JOB_MODULE = "dressage.jobs.train"
-declare(
-    JOB_MODULE_ENV,
-    DEFAULT_JOB_MODULE,
-    "Module the training DAGs run as `python -m MODULE --run-config RUN.json` "
-    "(internal: tests point it at a small contract job).",
-)
+DEFAULT_JOB_MODULE = "dressage.jobs.train"  # the declared default (dressage.config.env)
 
 
 def job_module() -> str:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 
+from dressage.commands import command_parser
 from dressage.staging.artifacts import open_artifact
 from dressage.staging.manifest import ArtifactError
 from dressage.staging.validation import validate_artifact
 
 
 def validate_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="dressage artifacts validate",
+    parser = command_parser(
+        "python -m dressage.staging.cli validate",
         description="Verify an artifact's manifest, checksums and table schemas. "
         "Exit 0 when valid; otherwise print the JSON report and exit 1.",
     )
@@ -41,10 +41,10 @@ def _human(n: float) -> str:
 
 
 def show_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="dressage artifacts show", description="Summarise an artifact folder."
+    parser = command_parser(
+        "python -m dressage.staging.cli show", description="Summarise an artifact folder."
     )
-    parser.add_argument("url")
+    parser.add_argument("url", help="artifact folder URL (file://, memory://, s3://, gs://, path)")
     args = parser.parse_args(list(argv))
     try:
         artifact = open_artifact(args.url)

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from dressage.assets import QWEN_VOCABS, qwen_tokenizer_dir
+from dressage.commands import command_parser
 from dressage.tiny import tiny_model_dir
 from dressage.tiny.checkpoints import build_checkpoints, is_built_spec
 
@@ -23,8 +24,8 @@ __all__ = ["main", "main_argv"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="dressage assets",
+    p = command_parser(
+        "python -m dressage.tiny",
         description="Build the offline tokenizers, the tiny model and tiny teachers (cached).",
     )
     p.add_argument(

@@ -83,29 +83,52 @@ def build_checkpoints(specs: list[str], *, workers: int | None = None) -> list[P
     """:func:`build_checkpoint` for each spec, in parallel processes (one per core, at most one
     per spec: a teacher's training is single-threaded work, so two cores build two at once).
 
+    Each build runs in a fresh interpreter (``python -c``), not a multiprocessing child: a spawned
+    child re-runs the parent's main script first, and inside an Airflow task that is ``airflow``
+    itself, whose import fails in a task's sandboxed environment.
+
     Returns, per spec in order, its folder or the ``ValueError`` of a malformed spec; any other
     failure is raised.
     """
     if not specs:
         return []
-    import multiprocessing
     import os
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     count = max(1, min(len(specs), workers or cores))
     if count == 1:
         return [_try_build(spec) for spec in specs]
-    spawn = multiprocessing.get_context("spawn")  # no fork of a threaded (Airflow) process
-    with ProcessPoolExecutor(count, mp_context=spawn, initializer=_quiet_worker) as pool:
-        return list(pool.map(_try_build, specs))
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(_build_in_process, specs))
 
 
-def _quiet_worker() -> None:
-    """A build process's log is the caller's (the demo's task output): no per-load tqdm bars."""
-    from transformers.utils import logging as hf_logging
+_BUILD_ONE = """
+import json, sys
+from transformers.utils import logging
+logging.disable_progress_bar()  # the caller's log (the demo's task output): no tqdm bars
+from dressage.tiny.checkpoints import _try_build
+outcome = _try_build(sys.argv[1])
+key = "error" if isinstance(outcome, ValueError) else "path"
+print("\\n" + json.dumps({key: str(outcome)}))
+"""
 
-    hf_logging.disable_progress_bar()
+
+def _build_in_process(spec: str) -> Path | ValueError:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(  # its stderr (the build's log) is the caller's
+        [sys.executable, "-c", _BUILD_ONE, spec], stdout=subprocess.PIPE, text=True, check=False
+    )
+    lines = done.stdout.strip().splitlines()
+    if lines[:-1]:
+        print("\n".join(lines[:-1]), flush=True)
+    if done.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        raise RuntimeError(f"building {spec} failed (exit {done.returncode}); its log is above")
+    result = json.loads(lines[-1])
+    return ValueError(result["error"]) if "error" in result else Path(result["path"])
 
 
 def _try_build(spec: str) -> Path | ValueError:

@@ -70,3 +70,43 @@ def test_build_checkpoints_builds_in_parallel_and_returns_bad_specs_as_errors() 
     assert first == tiny_model_dir(TinyModelSpec(seed=41, hidden_size=16, head_dim=4))
     assert isinstance(second, ValueError) and "colour=red" in str(second)
     assert build_checkpoints([]) == []
+
+
+@pytest.mark.integration
+def test_build_checkpoints_under_a_main_script_that_cannot_be_run_again(tmp_path: Path) -> None:
+    """Inside an Airflow task the main script is ``airflow``, whose import fails in the task's
+    sandbox: a multiprocessing child that re-runs the parent's main script died there (the
+    ``prepare`` task of a fresh machine). Each build runs in a fresh interpreter instead."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        "if __name__ != '__main__':\n"
+        "    raise SystemExit('the main script ran again as ' + __name__)\n"
+        "from dressage.tiny.checkpoints import build_checkpoints\n"
+        "specs = [f'tiny:seed={s},hidden_size=16,head_dim=4' for s in (43, 44)]\n"
+        "print(all(hasattr(o, 'is_dir') for o in build_checkpoints(specs, workers=2)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.mark.usefixtures("embedded_checkpoints")
+def test_a_config_that_does_not_load_still_has_its_checkpoints_checked(tmp_path: Path) -> None:
+    """`dressage mopd check` lists every problem: a misspelled dataset key does not hide an
+    unbuilt teacher, which is said once, as the command that builds it."""
+    from dressage.launch.preflight import preflight
+
+    data = json.loads(EMBEDDED.read_text())
+    data["teachers"]["lookup"]["load"] = UNBUILT
+    data["datasets"][0]["wieght"] = data["datasets"][0].pop("weight")
+    path = tmp_path / "mopd.json"
+    path.write_text(json.dumps(data))
+    said = [str(p) for p in preflight(str(path)).problems]
+    assert any("wieght: is not a known key (did you mean 'weight'?)" in p for p in said), said
+    assert any(f"run `dressage assets --config {path}` first" in p for p in said), said
+    assert sum("not built yet" in p for p in said) == 1

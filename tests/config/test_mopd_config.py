@@ -425,3 +425,41 @@ def test_dressage_mopd_check_errors_go_through_argparse(
     with pytest.raises(SystemExit) as info:
         main(["mopd", "check", "--help"])
     assert info.value.code == 0 and "dressage mopd check" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("", "the file is empty; a MOPD config is a JSON object with teachers and datasets"),
+        ('{"teachers": ', "is not valid JSON: expecting value at line 1, column 14"),
+        ("[1, 2]", "must hold a JSON object with teachers and datasets, got a list"),
+        (
+            '{"teacher": {}, "datasets": []}',
+            "teacher: is not a known key (did you mean 'teachers'?)",
+        ),
+        (
+            '{"teachers": {"t": {"laod": "x"}}, "datasets": []}',
+            "teacher 't' laod: is not a known key (did you mean 'load'?)",
+        ),
+    ],
+)
+def test_a_bad_file_is_one_sentence(tmp_path: Path, text: str, said: str) -> None:
+    path = tmp_path / "mopd.json"
+    path.write_text(text)
+    with pytest.raises(MopdConfigError) as info:
+        load_mopd_config(path)
+    message = str(info.value)
+    assert said in message
+    for leak in ("MopdConfig", "Extra inputs", "pydantic", "Expecting value", "unreadable"):
+        assert leak not in message
+
+
+def test_an_infinite_weight_is_named_as_not_finite(tmp_path: Path) -> None:
+    data = json.loads((REPO / "configs/mopd/embedded.json").read_text())
+    data["datasets"][0]["weight"] = float("inf")
+    for ds in data["datasets"]:
+        ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+    path = tmp_path / "mopd.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(MopdConfigError, match="weight must be > 0 and finite, got inf"):
+        load_mopd_config(path)

@@ -282,23 +282,30 @@ def test_run_config_from_launcher_variables(tmp_path: Path) -> None:
     assert (run.use_wandb, run.wandb_project, run.seed, run.rollout_seed) == (True, "p", 3, 4)
 
 
+def _command(printed: str) -> list[str]:
+    """The printed command's words (it is printed one flag a line, each ending in a backslash)."""
+    return shlex.split(printed.replace("\\\n", " "))
+
+
 def test_cli_dry_run_prints_the_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG", raising=False)
     argv = ["--mopd-config", EMBEDDED, "--output-dir", str(tmp_path), "--no-check-imports"]
     assert main([*argv, "--seed", "11", "--dry-run", "--", "--lr", "2e-6"]) == 0
-    printed = shlex.split(capsys.readouterr().out)
+    printed = _command(capsys.readouterr().out)
     assert _value(printed, "--seed") == "11" and printed[-2:] == ["--lr", "2e-6"]
-    assert not (tmp_path / "runtime_env.json").exists()  # a dry run writes nothing
-    assert main([*argv, "--n-samples-per-prompt", "2"]) == 2
+    assert not (tmp_path / "runtime_env.json").exists()  # a dry run writes no secrets
+    resolved = _value(printed, "--mopd-config")  # but the config its command reads
+    assert resolved == str(tmp_path / "mopd_config.resolved.json") and Path(resolved).is_file()
+    assert main([*argv, "--n-samples-per-prompt", "2"]) == 1
     assert "--n-samples-per-prompt" in capsys.readouterr().err
     topk = ["--mopd-objective", "topk", "--mopd-topk", "4", "--mopd-forward-kl-weight", "0.5"]
     assert main([*argv, *topk, "--dry-run"]) == 0
-    printed = shlex.split(capsys.readouterr().out)
+    printed = _command(capsys.readouterr().out)
     assert _value(printed, "--mopd-topk") == "4"
     assert _value(printed, "--mopd-forward-kl-weight") == "0.5"
-    assert main([*argv, "--mopd-objective", "topk", "--mopd-topk", "0"]) == 2
+    assert main([*argv, "--mopd-objective", "topk", "--mopd-topk", "0"]) == 1
     assert "option --mopd-topk: --mopd-topk 0 is below 1" in capsys.readouterr().err
 
 
@@ -339,7 +346,7 @@ def test_shell_launcher_dry_run_uses_the_builder(tmp_path: Path) -> None:
         MODEL_ARGS="--num-layers 2 --hidden-size 64",
     )
     assert result.returncode == 0, result.stderr
-    argv = shlex.split(result.stdout)
+    argv = _command(result.stdout)
     assert argv[:3] == ["python3", "-m", "dressage.training.mopd_train"]
     for flag, value in {
         "--tensor-model-parallel-size": "4",
@@ -360,7 +367,7 @@ def test_shell_launcher_dry_run_uses_the_builder(tmp_path: Path) -> None:
 
 def test_shell_launcher_refuses_several_samples_per_prompt(tmp_path: Path) -> None:
     result = _launcher(tmp_path, N_SAMPLES_PER_PROMPT="4")
-    assert result.returncode == 2 and result.stdout == ""
+    assert result.returncode == 1 and result.stdout == ""
     assert "option --n-samples-per-prompt: MOPD takes one sample per prompt" in result.stderr
 
 
@@ -423,3 +430,90 @@ def test_cli_exec_runs_the_command_with_the_forwarded_environment(tmp_path: Path
     resolved = tmp_path / "run" / "mopd_config.resolved.json"
     assert recorded[-1] == f"CONFIG={resolved} SECRET=s-42"
     assert "s-42" not in " ".join(recorded[:-1])
+
+
+def test_the_printed_command_is_one_flag_a_line_and_runs_as_a_shell_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--mopd-config", EMBEDDED, "--output-dir", str(tmp_path), "--no-check-imports"]
+    assert main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert lines[0] == "python3 -m dressage.training.mopd_train \\"
+    assert all(line.startswith("    --") for line in lines[1:])
+    assert max(len(line) for line in lines) < 120
+    echoed = subprocess.run(  # the shell reads it as one command with these words
+        ["bash", "-c", 'printf "%s\\n" ' + out.split(" ", 1)[1]],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert echoed.stdout.splitlines() == _command(out)[1:]
+
+
+def test_slimes_own_spellings_of_the_layout_are_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--mopd-config", EMBEDDED, "--output-dir", str(tmp_path), "--no-check-imports"]
+    slime = ["--tensor-model-parallel-size", "4", "--context-parallel-size", "2"]
+    assert main([*argv, *slime, "--dry-run"]) == 0
+    printed = _command(capsys.readouterr().out)
+    assert _value(printed, "--tensor-model-parallel-size") == "4"
+    assert _value(printed, "--context-parallel-size") == "2"
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--tp-sise", "2"], "unrecognized option --tp-sise (did you mean '--tp-size'?)"),
+        (["--rollout-batch-size", "0"], "--rollout-batch-size should be greater than or equal"),
+        (["--seed", "x"], "--seed should be a valid integer"),
+    ],
+)
+def test_a_bad_flag_is_one_sentence_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], said: str
+) -> None:
+    argv = ["--mopd-config", EMBEDDED, "--output-dir", str(tmp_path), *extra]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "pydantic" not in err and "validation error" not in err and "type=" not in err
+
+
+def test_the_required_flags_are_shown_required(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG", raising=False)
+    monkeypatch.delenv("OUTPUT_DIR", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "the following arguments are required: --mopd-config, --output-dir" in err
+    assert "[--mopd-config" not in err  # the usage line does not show them as optional
+
+
+def test_a_fresh_clone_is_told_to_build_the_tiny_checkpoints_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A teacher never built (as on a fresh clone): one problem, naming the command."""
+    config = json.loads(Path(EMBEDDED).read_text())
+    config["teachers"]["lookup"]["load"] = UNBUILT_TEACHER
+    path = tmp_path / "mopd.json"
+    for ds in config["datasets"]:
+        ds["path"] = str(REPO / "configs/mopd" / ds["path"])
+        ds["eval_path"] = str(REPO / "configs/mopd" / ds["eval_path"])
+    path.write_text(json.dumps(config))
+    argv = ["--mopd-config", str(path), "--output-dir", str(tmp_path / "out"), "--dry-run"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"run `dressage assets --config {path}` first" in err
+    assert err.count("not built yet") == 1
+    assert not (tmp_path / "out").exists()
+
+
+UNBUILT_TEACHER = "tiny-sft:task=lookup,base=generalist,steps=7,batch_size=3,examples=977"

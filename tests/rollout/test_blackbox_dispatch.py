@@ -137,6 +137,22 @@ def test_a_shell_agent_answers_on_stdout(proxy_url: str) -> None:
     assert sample.response == "5"
 
 
+def test_a_command_may_print_only_its_final_answer_as_json(proxy_url: str) -> None:
+    """The contract asks for ``{"final_answer": ...}`` on the last line, nothing more."""
+    script = (
+        "import json, os, sys, urllib.request; task = json.load(sys.stdin); "
+        "body = json.dumps({'model': 'm', 'max_tokens': 3, 'messages': "
+        "[{'role': 'user', 'content': task['prompt']}]}).encode(); "
+        "req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', body, "
+        "{'content-type': 'application/json'}); urllib.request.urlopen(req).read(); "
+        "print(json.dumps({'final_answer': '7'}))"
+    )
+    command = f'cmd: {sys.executable} -c "{script}"'
+    (sample,) = _generate(_args(proxy_url, dressage_agent=command), _sample(index=10))
+    assert NO_GRAD_REASON not in sample.metadata, sample.metadata.get(NO_GRAD_REASON)
+    assert sample.response == "7"
+
+
 @pytest.mark.parametrize(
     ("agent", "kind"),
     [

@@ -93,7 +93,8 @@ def _final_answer(stdout: str) -> AgentResult:
             data = None
         if isinstance(data, dict) and "final_answer" in data:
             known = set(AgentResult.__dataclass_fields__)
-            return AgentResult(**{k: v for k, v in data.items() if k in known})
+            fields = {"turns": 0, **{k: v for k, v in data.items() if k in known}}
+            return AgentResult(**fields)
     return AgentResult(final_answer=stdout.strip(), turns=0)
 
 
