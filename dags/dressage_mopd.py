@@ -11,28 +11,34 @@ by a deferrable operator (no worker slot while it trains); its log ends with the
 → **stage** the curves and the artifacts to the artifact root (manifest last, checksums
 verified) → pandera checks of segments (**check_segments**) and train data
 (**check_train_data**) → **publish** the `dressage_mopd_segments` / `dressage_mopd_train_data`
-Assets. **stop_services** (teardown) runs whatever happens.
+Assets and the trained student (`dressage_mopd_student`: its checkpoint, steps, held-out
+accuracy and parent run). **stop_services** (teardown) runs whatever happens.
 
 When the run ends, its note (on the run's page) holds the summary per teacher and the curves,
 or, if it failed, the reason. Run it from the trigger form, or
 `airflow dags test dressage_mopd --conf '{"steps": 8}'`. Backend `embedded` trains on this
 machine; `ray` submits the job to the Ray cluster at `ray_address` (in "Job and cluster
 settings"). To schedule it, set `DRESSAGE_MOPD_SCHEDULE` (a cron expression or preset, e.g.
-`0 3 * * *`) where the DAG processor runs; scheduled runs take the defaults.
+`0 3 * * *`) where the DAG processor runs. **Continue from** (`continue_from`) says what a run
+starts from: `fresh` (the config's student, from the first prompt), `latest` (the student the
+last successful run published, with its data position; fresh when none was), or a checkpoint
+folder or `file://` URL. Left empty, scheduled runs take `latest` and triggered runs `fresh`,
+so a nightly schedule keeps training one student. A retry of **train** resumes the job from its
+own last checkpoint (`save_interval` steps apart), not from the start.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dressage.airflow.assets import MOPD_SEGMENTS, MOPD_TRAIN_DATA
+from dressage.airflow.assets import MOPD_SEGMENTS, MOPD_STUDENT, MOPD_TRAIN_DATA
 from dressage.airflow.params import schedule_from_env
 from dressage.airflow.training_dag import training_dag
 
 dag = training_dag(
     dag_id=Path(__file__).stem,
     objective="mopd",
-    outlets=[MOPD_SEGMENTS, MOPD_TRAIN_DATA],
+    outlets=[MOPD_SEGMENTS, MOPD_TRAIN_DATA, MOPD_STUDENT],
     description="MOPD: plan, validate, serve, train (deferred), stage, check, publish",
     doc_md=__doc__,
     schedule=schedule_from_env(),

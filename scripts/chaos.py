@@ -12,11 +12,15 @@ and are attacked in six parts (the modules of ``scripts/chaos_parts/`` say how):
 3. many keep-alive sessions at once (the SDK's default pool): calls and errors by kind;
 4. the engine killed with calls in flight: how the proxy answers, ``/ready``, streams, retries;
 5. the schema fuzz tests at a larger scale (``DRESSAGE_FUZZ_SCALE``);
-6. the auth matrices and the bad-input tests, run and counted.
+6. the auth matrices and the bad-input tests, run and counted;
+7. the embedded MOPD training job killed with ``kill -9`` mid-run and run again on its folder:
+   it resumes from its last checkpoint, loses at most one save interval of steps, logs every
+   step once, and ends as accurate as uninterrupted runs of the same seeds.
 
-    python scripts/chaos.py            # the full run: about 14 minutes on 2 cores
+    python scripts/chaos.py            # the full run: about 30 minutes on 2 cores
     python scripts/chaos.py --quick    # every part, small numbers (tests/test_chaos_script.py)
     python scripts/chaos.py --parts soak --soak-seconds 10
+    python scripts/chaos.py --parts resume     # part 7 alone: 3 seeds, straight and crashed
 
 The last line printed is one JSON object with every figure; ``ok`` says whether each part held.
 Everything runs under a temporary folder (``--workdir`` keeps it, with every service's log).
@@ -39,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's d
 # chaos_parts (and dressage with it) is imported once the arguments are checked: a refused
 # command line costs no import of the services.
 
-PARTS = ("kills", "damage", "soak", "engine_death", "fuzz", "suites")
+PARTS = ("kills", "damage", "soak", "engine_death", "fuzz", "suites", "resume")
 FULL: dict[str, Any] = {
     "kill_sessions": 20,
     "kill_rounds": 5,
@@ -49,6 +53,12 @@ FULL: dict[str, Any] = {
     "think": (4.0, 6.0),
     "death_calls": 32,
     "fuzz_scale": 10.0,
+    "resume_seeds": (0, 1, 2),
+    "resume_steps": 100,
+    "save_interval": 10,
+    "kill_after": 55,
+    "resume_prompts": 32,
+    "resume_parallel": 3,
 }
 QUICK: dict[str, Any] = {
     "kill_sessions": 4,
@@ -59,6 +69,12 @@ QUICK: dict[str, Any] = {
     "think": (0.2, 0.5),
     "death_calls": 4,
     "fuzz_scale": 0.05,
+    "resume_seeds": (0,),
+    "resume_steps": 3,
+    "save_interval": 1,
+    "kill_after": 2,
+    "resume_prompts": 2,
+    "resume_parallel": 2,
 }
 
 
@@ -72,6 +88,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--soak-seconds", type=float, help="the soak's duration (full run: 60)")
     p.add_argument("--death-calls", type=int, help="calls in flight when the engine dies")
     p.add_argument("--fuzz-scale", type=float, help="DRESSAGE_FUZZ_SCALE of the fuzz tests")
+    p.add_argument(
+        "--resume-seeds",
+        type=lambda t: tuple(int(x) for x in t.split(",")),
+        help="part 7's seeds, comma-separated (full run: 0,1,2)",
+    )
+    p.add_argument("--resume-steps", type=int, help="part 7's training steps (full run: 100)")
+    p.add_argument("--save-interval", type=int, help="part 7's steps between checkpoints")
+    p.add_argument("--kill-after", type=int, help="part 7: kill -9 once this step is printed")
+    p.add_argument("--resume-prompts", type=int, help="part 7's prompts per step")
+    p.add_argument("--resume-parallel", type=int, help="part 7's jobs at once")
     p.add_argument("--workdir", type=Path, help="keep logs and stores here (default: a temp dir)")
     args = p.parse_args(argv)
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
@@ -85,8 +111,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if getattr(args, name, None) is not None:
             numbers[name] = getattr(args, name)
     for name, value in numbers.items():
-        if name != "think" and not value > 0:
+        if name not in ("think", "resume_seeds") and not value > 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if not numbers["kill_after"] < numbers["resume_steps"]:
+        p.error(
+            f"--kill-after {numbers['kill_after']} must be below --resume-steps "
+            f"{numbers['resume_steps']} (the job must be killed mid-run)"
+        )
     args.numbers = numbers
     return args
 
@@ -121,6 +152,10 @@ def held(figures: dict[str, Any], parts: list[str]) -> dict[str, bool]:
         )
     if f := figures.get("fuzz"):
         ok["fuzz"] = f["tests"]["cases"] > 0 and f["tests"]["failed"] == 0 and f["5xx"] == 0
+    if r := figures.get("resume"):
+        from chaos_parts.resume import held as resume_held
+
+        ok["resume"] = resume_held(r)
     if t := figures.get("suites"):
         ok["suites"] = (
             t["tests"]["failed"] == 0
@@ -193,7 +228,21 @@ def run(args: argparse.Namespace, workdir: Path, figures: dict[str, Any]) -> Non
         if not args.quick and tests.files:
             print("parts 5 and 6: the fuzz tests, the auth matrices, the bad-input tests")
             tests.start()
-        figures.update(tests.result())
+            figures.update(tests.result())
+        if "resume" in parts:
+            from chaos_parts.resume import resume_round
+
+            print(
+                f"part 7: the MOPD job killed after step {n['kill_after']} of "
+                f"{n['resume_steps']} and run again, seeds {list(n['resume_seeds'])}"
+            )
+            figures["resume"] = resume_round(
+                workdir, seeds=list(n["resume_seeds"]), steps=n["resume_steps"],
+                save_interval=n["save_interval"], kill_after=n["kill_after"],
+                prompts=n["resume_prompts"], parallel=n["resume_parallel"], quick=args.quick,
+            )  # fmt: skip
+        if args.quick or not tests.files:
+            figures.update(tests.result())
     finally:
         tests.stop()
 

@@ -1,5 +1,6 @@
-"""scripts/chaos.py, the chaos run behind issue 15's closing figures: its smoke run (``--quick``)
-ends with a JSON summary in which every part held, and the knobs it turns in the test suite
+"""scripts/chaos.py, the chaos run behind issue 15's and issue 28's closing figures: its smoke run
+(``--quick``) ends with a JSON summary in which every part held (the training job killed with
+``kill -9`` mid-run and run again among them), and the knobs it turns in the test suite
 (``DRESSAGE_FUZZ_SCALE``, ``AUTH_REPORT``) do what they say."""
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ def _run(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.integration
 def test_the_quick_run_holds_in_every_part() -> None:
-    done = _run("--quick", timeout=300)
+    done = _run("--quick", timeout=900)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0, (summary.get("ok"), done.stderr[-3000:])
     assert summary["ok"] == dict.fromkeys(
-        ["kills", "damage", "soak", "engine_death", "fuzz", "suites"], True
+        ["kills", "damage", "soak", "engine_death", "fuzz", "suites", "resume"], True
     )
     kills = summary["kills"]
     assert kills["answered"] > 0 and kills["lost"] == kills["duplicated"] == 0
@@ -45,6 +46,12 @@ def test_the_quick_run_holds_in_every_part() -> None:
     assert summary["fuzz"]["cases"] > 0 and summary["fuzz"]["5xx"] == 0
     suites = summary["suites"]
     assert suites["bad_credential_attempts"] == suites["bad_credentials_refused"] > 0
+    resume = summary["resume"]  # killed after step 2 of 3, a checkpoint after every step
+    (crashed,) = [r for r in resume["runs"] if r["run"] == "crashed"]
+    assert crashed["killed_after"] == 2 and crashed["resumed_at"] in (2, 3)  # 2: save torn
+    assert crashed["steps_lost"] <= resume["save_interval"] == 1
+    assert resume["steps_complete"] == resume["runs_total"] == 2
+    assert resume["duplicated_steps"] == resume["missing_steps"] == 0
 
 
 @pytest.mark.unit
@@ -54,6 +61,7 @@ def test_the_quick_run_holds_in_every_part() -> None:
         (["--parts", "damage"], "damage works on the store that kills leaves"),
         (["--parts", "kills,nothing"], "unknown ['nothing']"),
         (["--soak-seconds", "0"], "--soak-seconds must be positive, got 0.0"),
+        (["--kill-after", "5", "--resume-steps", "5"], "must be below --resume-steps 5"),
     ],
 )
 def test_arguments_that_cannot_run_are_refused(argv: list[str], needle: str) -> None:

@@ -11,8 +11,10 @@ with a ``timeout`` (the job's own timeout plus a margin: the trigger reports TIM
 ``execute_complete`` returns ``{"submission_id", "state", "log", "outputs"}`` on success. A job
 that failed, was stopped or ran out of time fails the task without retries (running the same job
 again would fail the same way; clear the task to try again), with the last lines of the job's log
-in the error. Losing track of the job (status unreadable) raises a retryable error. ``on_kill``,
-the trigger's ``on_kill`` and a deferral timeout all stop the job.
+in the error, unless :meth:`RunJobOperator.retryable` says a retry can do better (the training
+job's crash: a retry submits it again and it resumes from its last checkpoint). Losing track of
+the job (status unreadable) raises a retryable error. ``on_kill``, the trigger's ``on_kill`` and
+a deferral timeout all stop the job.
 """
 
 from __future__ import annotations
@@ -99,7 +101,15 @@ class RunJobOperator(BaseOperator):
         if state == "TIMEOUT":
             launcher.stop(submission_id)
             message = f"ran longer than {request.timeout_s:.0f} s and was stopped"
-        raise AirflowFailException(self._failure(launcher, submission_id, state, message, event))
+        failure = self._failure(launcher, submission_id, state, message, event)
+        if self.retryable(event):
+            raise AirflowException(failure)
+        raise AirflowFailException(failure)
+
+    def retryable(self, event: dict[str, Any]) -> bool:
+        """Whether a retry of the task (the same job, submitted again) can end otherwise than
+        this attempt did; not for a generic job."""
+        return False
 
     @staticmethod
     def _failure(

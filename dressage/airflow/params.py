@@ -113,6 +113,18 @@ def training_params(*, objective: str) -> dict[str, Param]:
             description="A folder, or a file://, s3:// or gs:// URL. Each run is staged to "
             "root/dag id/run id/.",
         ),
+        "continue_from": Param(
+            None,
+            type=["null", "string"],
+            title="Continue from",
+            description="fresh: the config's student, from the first prompt. latest: the "
+            "student the last successful run of this DAG published, with its data position "
+            "(fresh when there is none). Or a checkpoint: a run's output/checkpoints folder, one "
+            "iter_XXXXXXX folder in it, or a file:// URL. Empty: latest for scheduled runs on "
+            "the embedded backend, fresh otherwise. The ray backend takes fresh only (a "
+            "retried ray job resumes its own checkpoint).",
+            examples=["fresh", "latest", "runs/dressage_mopd/RUN/output/checkpoints"],
+        ),
         "steps": _number(4, n["steps"], "Optimizer steps of the run, one rollout batch each."),
         "seed": _number(0, n["seed"], "Seeds sampling and data order: same seed, same run."),
         "backend": Param(

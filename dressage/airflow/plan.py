@@ -64,6 +64,12 @@ class RunPlan(BaseModel):
     ray_python: str
     job_timeout_s: float = Field(gt=0)
     poll_s: float = Field(gt=0)
+    continue_from: str | None = None
+    """The checkpoint folder the run starts from (None: fresh), resolved by the plan task from
+    the ``continue_from`` Param (:func:`dressage.airflow.tasks.plan_run`)."""
+    continue_mode: Literal["fresh", "latest", "checkpoint"] = "fresh"
+    parent_run: str | None = None
+    """The run that published :attr:`continue_from` (``latest``), when known."""
 
     @classmethod
     def from_params(
@@ -130,6 +136,8 @@ class RunPlan(BaseModel):
         advanced = {"partial_rollout": self.partial_rollout, **self.extra}
         if self.learning_rate is not None:
             advanced["learning_rate"] = self.learning_rate
+        if self.continue_from is not None:
+            advanced["continue_from"] = self.continue_from
         return TrainRunConfig(
             objective=self.objective,
             mopd_config=self.mopd_config,

@@ -132,8 +132,8 @@ class Told:
     data: dict[str, Any]
 
 
-def _links(url: str | None, curves: str | None) -> str:
-    parts = []
+def _links(url: str | None, curves: str | None, started: str = "") -> str:
+    parts = [started] if started else []
     if curves:
         parts.append(f"[![curves]({curves})]({curves}) [open the curves]({curves})")
     if url:
@@ -151,12 +151,13 @@ def _summary(
     url: str | None = None,
     curves: str | None = None,
     curves_link: str | None = None,
+    started: str = "",
 ) -> Told:
     from dressage.reporting.metrics import format_summary, mopd_markdown, parse_metrics, summarize
     from dressage.reporting.rl import format_rl_summary, rl_markdown, summarize_rl
 
     records = parse_metrics(metrics_text)
-    links = _links(url, curves_link)
+    links = _links(url, curves_link, started)
     if objective == "grpo":
         rl = summarize_rl(records, advantages=list(advantages()), url=url, curves=curves)
         markdown = fit_note(rl_markdown(rl), NOTE_LIMIT - len(links) - 2)
@@ -203,8 +204,9 @@ def output_summary(output_dir: Path, *, objective: str, teachers: Iterable[str] 
     )
 
 
-def staged_summary(url: str, *, objective: str, curves_link: str | None) -> Told:
-    """The summary of a staged run, with its artifact URL and the link to its curves."""
+def staged_summary(url: str, *, objective: str, curves_link: str | None, started: str = "") -> Told:
+    """The summary of a staged run, with what it started from (``started``, a sentence), its
+    artifact URL and the link to its curves."""
     from dressage.staging import open_artifact
 
     run = open_artifact(url)
@@ -221,4 +223,5 @@ def staged_summary(url: str, *, objective: str, curves_link: str | None) -> Told
         url=url,
         curves=f"{url}/{blobs['curves.png'].path}" if "curves.png" in blobs else None,
         curves_link=curves_link if "curves.png" in blobs else None,
+        started=started,
     )

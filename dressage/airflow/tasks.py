@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from dressage.airflow.assets import ASSETS
+from dressage.airflow.assets import ASSETS, STUDENTS
 from dressage.airflow.param_checks import training_problems, validation_problems
 from dressage.airflow.plan import RunPlan, resolve_path
 from dressage.airflow.story import curves_path, staged_summary, tell
@@ -91,10 +91,71 @@ def plan_run(context: Context, *, objective: str, project_dir: Path) -> dict[str
         objective=objective,
         project_dir=project_dir,
     )
+    plan = plan.model_copy(update=continue_from(context, plan, project_dir))
     problems = job_settings_problems(plan)
     if problems:
         raise AirflowFailException(_values_to_fix(problems))
     return plan.model_dump(mode="json")
+
+
+def continue_from(context: Context, plan: RunPlan, project_dir: Path) -> dict[str, Any]:
+    """The ``continue_from`` Param resolved to a checkpoint folder (``RunPlan`` fields).
+
+    Empty means ``latest`` for a scheduled run on the embedded backend and ``fresh``
+    otherwise. ``latest`` is the newest event of the DAG's student Asset
+    (:data:`~dressage.airflow.assets.STUDENTS`) that this DAG published with a checkpoint; with
+    none, the run starts fresh. A checkpoint that is not there (named, or published and since
+    removed) fails the plan in one sentence."""
+    value = str(context["params"].get("continue_from") or "").strip()
+    if not value:  # the ray backend resumes its own checkpoints only (advanced_problems)
+        run_type = str(getattr(context.get("dag_run"), "run_type", "") or "")
+        scheduled = run_type.lower().endswith("scheduled") and plan.backend == "embedded"
+        value = "latest" if scheduled else "fresh"
+    if value == "fresh":
+        return {"continue_from": None, "continue_mode": "fresh", "parent_run": None}
+    parent = None
+    if value == "latest":
+        found = _latest_student(context, plan)
+        if found is None:
+            log.info("continue_from latest: %s has published no student yet: fresh", plan.dag_id)
+            return {"continue_from": None, "continue_mode": "fresh", "parent_run": None}
+        value, parent = found
+    elif "://" not in value:
+        value = str(resolve_path(value, project_dir))
+    folder = _checkpoint_folder(value)
+    log.info("continue_from: %s (published by %s)", folder, parent or "-")
+    mode = "latest" if parent is not None else "checkpoint"
+    return {"continue_from": str(folder), "continue_mode": mode, "parent_run": parent}
+
+
+def _latest_student(context: Context, plan: RunPlan) -> tuple[str, str | None] | None:
+    """(checkpoint, run id) of the newest student event this DAG published with a checkpoint."""
+    events = context["inlet_events"][STUDENTS[plan.objective]]
+    for event in reversed(list(events)):
+        extra = dict(event.extra or {})
+        if extra.get("checkpoint") and extra.get("dag_id", plan.dag_id) == plan.dag_id:
+            run_id = extra.get("run_id")
+            return str(extra["checkpoint"]), str(run_id) if run_id is not None else None
+    return None
+
+
+def _checkpoint_folder(value: str) -> Path:
+    """The complete checkpoint ``value`` names, or the plan fails saying why."""
+    from dressage.training.checkpoints import CheckpointError
+    from dressage.training.embedded.checkpoint import checkpoint_location, latest_checkpoint
+
+    try:
+        root = checkpoint_location(value)
+        folder = latest_checkpoint(root) if root.exists() else None
+    except CheckpointError as exc:
+        raise AirflowFailException(f"Continue from (continue_from): {exc}") from None
+    if folder is None:
+        where = "does not exist" if not root.exists() else "holds no checkpoint"
+        raise AirflowFailException(
+            f"Continue from (continue_from): {value} {where}; name a run's output/checkpoints "
+            "folder, or enter fresh or latest"
+        )
+    return folder
 
 
 def job_settings_problems(plan: RunPlan) -> list[str]:
@@ -334,6 +395,8 @@ def publish(
     plan = RunPlan.model_validate(plan_data)
     url = str(staged["url"])
     curves = curves_path(plan.dag_id, plan.run_id)
+    student = published_student(plan)
+    context["outlet_events"][STUDENTS[plan.objective]].extra = student
     for check in checks:
         asset = ASSETS[plan.objective][str(check["table"])]
         context["outlet_events"][asset].extra = {
@@ -345,10 +408,56 @@ def publish(
             "run_id": plan.run_id,
             "curves": curves,
         }
-    told = staged_summary(url, objective=plan.objective, curves_link=curves)
+    started = started_from_line(plan)
+    told = staged_summary(url, objective=plan.objective, curves_link=curves, started=started)
     tell(context, told.markdown)
-    log.info("published %s; the summary is in the run's note", ", ".join(ASSETS[plan.objective]))
-    return {"summary": told.data, "text": told.text}
+    names = [*ASSETS[plan.objective], "student"]
+    log.info("published %s; %s; the summary is in the run's note", ", ".join(names), started)
+    return {
+        "summary": {**told.data, "started_from": started},
+        "text": told.text,
+        "student": student,
+    }
+
+
+def started_from_line(plan: RunPlan) -> str:
+    """One sentence for the note: what the run started from."""
+    if plan.continue_from is None:
+        return "Started from: the config's student, fresh (continue_from: fresh)."
+    parent = f", published by run {plan.parent_run}" if plan.parent_run else ""
+    return f"Started from: `{plan.continue_from}`{parent} (continue_from: {plan.continue_mode})."
+
+
+def published_student(plan: RunPlan) -> dict[str, Any]:
+    """The student Asset event's extra: the last checkpoint the job wrote (as a ``file://`` URL;
+    None when it wrote none), the steps, held-out accuracy per task after the last step, the
+    parent run."""
+    from dressage.reporting.metrics import ACCURACY, read_metrics, series
+    from dressage.training.checkpoints import CheckpointError
+    from dressage.training.embedded.checkpoint import latest_checkpoint
+
+    try:
+        checkpoint = latest_checkpoint(plan.output_dir / "checkpoints")
+    except CheckpointError as exc:
+        log.warning("no checkpoint to publish: %s", exc)
+        checkpoint = None
+    metrics = plan.output_dir / "metrics.jsonl"
+    accuracy = {
+        task: points[-1][1]
+        for task, points in series(
+            read_metrics(metrics) if metrics.is_file() else [], ACCURACY
+        ).items()
+        if points and task != "all"
+    }
+    return {
+        "checkpoint": checkpoint.resolve().as_uri() if checkpoint is not None else None,
+        "steps": plan.steps,
+        "accuracy": accuracy,
+        "parent_run": plan.parent_run,
+        "continue_from": plan.continue_from,
+        "dag_id": plan.dag_id,
+        "run_id": plan.run_id,
+    }
 
 
 # -- the validation DAG -----------------------------------------------------------------------

@@ -4,9 +4,10 @@
          -> stage -> check_segments, check_train_data -> publish (Assets)
     start_services -> stop_services (teardown) <- train
 
-Those 12 edges are the graph the UI draws. ``prepare`` builds the embedded default's tiny
-teachers that are not built yet (``tiny-sft:`` specs only; once, cached), so that ``validate``,
-which never trains, finds them. A task takes its direct upstream's result as its
+Those 12 edges are the graph the UI draws. ``plan`` reads the DAG's student Asset (an inlet:
+the newest published student, for ``continue_from=latest``); ``prepare`` builds the embedded
+default's tiny teachers that are not built yet (``tiny-sft:`` specs only; once, cached), so that
+``validate``, which never trains, finds them. A task takes its direct upstream's result as its
 argument and pulls what it needs from earlier tasks (the plan, the validation report, the
 services) from XCom inside the task, so that no edge is drawn for data that only travels
 along the chain. Each task is a line that calls :mod:`dressage.airflow.tasks`; a failure that
@@ -25,6 +26,7 @@ import pendulum
 from airflow.sdk import DAG, Asset, Context, dag, setup, task, teardown
 
 from dressage.airflow import story, tasks
+from dressage.airflow.assets import STUDENTS
 from dressage.airflow.params import training_params
 from dressage.airflow.train_operator import TrainJobOperator
 
@@ -56,7 +58,7 @@ def training_dag(
     """Build the DAG (see the module docstring) for one training objective."""
 
     # Task arguments are XComArgs when the DAG is built and dicts when the tasks run: Any.
-    @quiet_task
+    @task(inlets=[STUDENTS[objective]], show_return_value_in_logs=False)
     def plan(**context: Any) -> Any:
         ctx = cast(Context, context)
         work = lambda: tasks.plan_run(ctx, objective=objective, project_dir=PROJECT)  # noqa: E731

@@ -142,7 +142,13 @@ class JobOptions(BaseModel):
     save_interval: int = Field(10, ge=1)
     """Steps between checkpoints, and one after the last (slime's ``--save-interval``), in
     ``output_dir/checkpoints/``; rerunning the job on the same ``output_dir`` resumes from the
-    newest (the embedded backend; slime's ``--load`` on the ray backend's MOPD command)."""
+    newest (the embedded backend; slime's ``--load`` on both of the ray backend's commands)."""
+    continue_from: str | None = None
+    """A checkpoint of an earlier run (its ``checkpoints/`` folder, one ``iter_XXXXXXX`` folder
+    in it, or a ``file://`` URL of either) to start this run from: its student, AdamW's state
+    and its data position (the prompts it had handed out but not trained come first); this
+    run's own steps, schedule and metrics start at 0. The embedded backend; a checkpoint of
+    this run's own (a rerun) takes precedence. The training DAGs set it from ``continue_from``."""
     cluster: ClusterOptions = ClusterOptions()
     """The ray backend's parallelism, GPUs, W&B and further slime flags."""
 
@@ -235,6 +241,12 @@ def advanced_problems(run: TrainRunConfig) -> list[str]:
         problems.append(str(exc))
     if run.backend == "ray" and run.objective == "mopd":
         problems += [problem.message for problem in _slime_objective_problems(options)]
+    if run.backend == "ray" and options.continue_from:
+        problems.append(
+            "advanced.continue_from: the ray backend cannot start from another run's checkpoint "
+            "yet (a resubmitted job resumes its own through --load); use the embedded backend "
+            "or leave it empty"
+        )
     return problems
 
 

@@ -104,8 +104,8 @@ class MopdRunConfig(ClusterLayout):
     """Resume folder; default ``<output_dir>/checkpoints``."""
     save: str | None = None
     """Checkpoint folder; default ``<output_dir>/checkpoints``."""
-    save_interval: int = Field(default=20, ge=1)
-    """Rollouts between checkpoints."""
+    save_interval: int = Field(default=10, ge=1)
+    """Rollouts between checkpoints (the training job's ``advanced.save_interval`` too)."""
 
     num_rollout: int = Field(default=100, ge=1)
     """Rollouts to train, one optimizer step each (MOPD's steps)."""

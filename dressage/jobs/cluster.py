@@ -137,7 +137,8 @@ def cluster_plan(
     ``optimizer``: slime flags (:func:`optimizer_flags`) placed before ``cluster.extra_args``,
     which can still override them; ``rollout``: the partial rollout's (:func:`rollout_flags`),
     for GRPO with partial rollout (MOPD's driver runs slime's own rollout); ``save_interval``:
-    slime's ``--save-interval`` (default: once, after the last step)."""
+    slime's ``--save-interval`` (default: once, after the last step). Both commands save to and
+    load from ``output_dir/checkpoints``, so the same job submitted again resumes."""
     out = Path(run.output_dir)
     proxy_url = f"http://{host}:{cluster.proxy_port}"
     router = ["--sglang-router-ip", host, "--sglang-router-port", str(cluster.router_port)]
@@ -174,7 +175,10 @@ def cluster_plan(
         return ClusterPlan(proxy_argv=proxy_argv, proxy_url=proxy_url, argv=job.argv, env=job.env)
     n, rbs = n_samples_per_prompt, run.rollout_batch_size
     argv = [cluster.python, "-m", GRPO_DRIVER, "--hf-checkpoint", run.student]
-    argv += ["--save", str(out / "checkpoints")]
+    # --load at the save folder: a resubmitted job continues from slime's latest checkpoint
+    # (model, optimizer, rollout id) and the data source's saved position; with no checkpoint
+    # there yet slime starts from --ref-load (cluster.extra_args) as before.
+    argv += ["--save", str(out / "checkpoints"), "--load", str(out / "checkpoints")]
     argv += ["--save-interval", str(save_interval or run.num_steps)]
     argv += layout_flags(cluster)
     argv += ["--num-rollout", str(run.num_steps), "--update-weights-interval", "1"]

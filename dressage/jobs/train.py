@@ -143,10 +143,10 @@ def run_job(run_config: Path) -> dict[str, Any]:
     from dressage.training.checkpoints import CheckpointError
     from dressage.training.embedded import EmbeddedTrainer
     from dressage.training.embedded.async_backend import EmbeddedAsyncBackend, RolloutBatch
-    from dressage.training.embedded.checkpoint import load_checkpoint
+    from dressage.training.embedded.checkpoint import continue_from_checkpoint, load_checkpoint
     from dressage.training.embedded.evaluation import HeldOutAccuracy, teacher_accuracy
     from dressage.training.embedded.rollout import EmbeddedRolloutManager
-    from dressage.training.proxy_pause_client import RolloutPause
+    from dressage.training.proxy_pause_client import RolloutPause, update_weights_with_pause
     from dressage.training.train_async_with_rollout_pause import train_async
 
     run, options = _load(run_config)
@@ -186,11 +186,22 @@ def run_job(run_config: Path) -> dict[str, Any]:
     manager = EmbeddedRolloutManager(args, MopdDataSource(args))
     try:
         resumed = load_checkpoint(args, trainer, manager)
+        continued = None
+        if resumed is None and options.continue_from:
+            continued = continue_from_checkpoint(options.continue_from, trainer, manager)
     except (CheckpointError, ValueError) as exc:  # another model or config, a damaged file
         raise JobConfigError(str(exc)) from None
     start = int(args.start_rollout_id or 0)
+    started_from = _started_from(output, resumed=resumed is not None, continued=continued)
     if resumed is not None:
         print(f"resuming from {resumed.folder}: step {start + 1}/{run.num_steps}", flush=True)
+    elif continued is not None:
+        print(
+            f"continuing from {continued.folder} (an earlier run's rollout "
+            f"{continued.rollout_id + 1}, {continued.optimizer_steps} optimizer steps; "
+            f"{continued.carried_groups} prompt groups carried over)",
+            flush=True,
+        )
     probe = None
     initial: dict[str, float] = {}
     if run.objective == "mopd":  # the exact reverse KL on held-out rows (datasets' eval_path)
@@ -198,6 +209,7 @@ def run_job(run_config: Path) -> dict[str, Any]:
 
         probe = HeldOutProbe.collect(args, config)
         if probe is not None and resumed is None:  # a resumed run measured it before
+            # (a continued run: the student it continues, loaded above)
             initial = probe.measure(trainer.model)
             shown = " ".join(f"{k}={v:.4f}" for k, v in initial.items())
             print(f"held-out reverse KL before training: {shown}", flush=True)
@@ -212,19 +224,6 @@ def run_job(run_config: Path) -> dict[str, Any]:
             proxy=proxy,
             resume_step=resumed.metrics_step if resumed is not None else None,
         )
-        initial_accuracy: dict[str, float] = {}
-        if resumed is not None:  # measured before the first attempt's training: read back
-            before = outputs.evaluation_before_training()
-            initial = {
-                k[len(HELDOUT_KL) :]: v for k, v in before.items() if k.startswith(HELDOUT_KL)
-            }
-            initial_accuracy = {k: v for k, v in before.items() if not k.startswith(HELDOUT_KL)}
-        elif accuracy is not None:  # the initial student, before any update
-            initial_accuracy = accuracy.measure()
-            # with the held-out KL before training, so its curve starts where accuracy's does
-            kl_before = {f"{HELDOUT_KL}{k}": v for k, v in initial.items()}
-            outputs.evaluation(-1, initial_accuracy | kl_before)
-
         probe_due = periodic_action()
 
         def on_trained(batch: RolloutBatch, metrics: dict[str, float]) -> None:
@@ -247,6 +246,20 @@ def run_job(run_config: Path) -> dict[str, Any]:
             evaluator=accuracy.measure if accuracy is not None else None,
             on_evaluated=outputs.evaluation,
         )
+        initial_accuracy: dict[str, float] = {}
+        if resumed is not None:  # measured before the first attempt's training: read back
+            before = outputs.evaluation_before_training()
+            initial = {
+                k[len(HELDOUT_KL) :]: v for k, v in before.items() if k.startswith(HELDOUT_KL)
+            }
+            initial_accuracy = {k: v for k, v in before.items() if not k.startswith(HELDOUT_KL)}
+        elif accuracy is not None:  # the initial student, before any update
+            if continued is not None:  # the engine serves the config's student: the one here
+                update_weights_with_pause(pause, backend.update_weights, reason="continued")
+            initial_accuracy = accuracy.measure()
+            # with the held-out KL before training, so its curve starts where accuracy's does
+            kl_before = {f"{HELDOUT_KL}{k}": v for k, v in initial.items()}
+            outputs.evaluation(-1, initial_accuracy | kl_before)
         try:
             if start < run.num_steps:
                 train_async(args, backend, pause)
@@ -260,6 +273,7 @@ def run_job(run_config: Path) -> dict[str, Any]:
             "objective": run.objective,
             "steps": run.num_steps,
             "resumed_from": resumed.rollout_id if resumed is not None else None,
+            "started_from": started_from,
             "student": str(student),
             "teachers": sorted(teachers),
             "partial_rollout": options.partial_rollout,
@@ -275,6 +289,25 @@ def run_job(run_config: Path) -> dict[str, Any]:
         outputs.finish(summary)
     print(f"done: {run.num_steps} steps, weight version {backend.version}", flush=True)
     return summary
+
+
+STARTED_FROM = "started_from.json"
+
+
+def _started_from(output: Path, *, resumed: bool, continued: Any) -> dict[str, Any]:
+    """What the run started from (``fresh``, or ``continued`` with the checkpoint and the data
+    position), written by its first attempt to ``output_dir/started_from.json`` and read back by
+    a resumed one, which started from the same."""
+    path = output / STARTED_FROM
+    if resumed and path.is_file():
+        recorded: dict[str, Any] = json.loads(path.read_text())
+        return recorded
+    started = (
+        {"kind": "fresh"} if continued is None else {"kind": "continued", **continued.as_dict()}
+    )
+    output.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(started, indent=1) + "\n")
+    return started
 
 
 def _evaluated_last(args: Any, num_steps: int) -> bool:

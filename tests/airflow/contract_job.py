@@ -9,8 +9,9 @@ engine refuses a control call without it and takes it, and the proxy pauses the 
 own copy), then per step writes one artifact
 folder (segments, samples, train_data), one metrics.jsonl record with per-teacher reverse KL and
 reward (MOPD's keys) and per-task pass rate and loss (GRPO's), and a progress line; finally
-summary.json and checkpoints/. Knobs in ``advanced["contract_job"]``: ``fail_at_step`` (exit 3
-with a traceback), ``bad_train_data`` (positive log-probs: valid Arrow, failing pandera),
+summary.json and checkpoints/. Knobs in ``advanced["contract_job"]``: ``fail_at_step`` (exit
+``fail_exit``, default 3, with a traceback; 2 is the real job's "cannot run", never retried),
+``bad_train_data`` (positive log-probs: valid Arrow, failing pandera),
 ``step_sleep_s``.
 """
 
@@ -162,7 +163,7 @@ def main() -> int:
         if knobs.get("fail_at_step") == step:
             print("Traceback (most recent call last):", flush=True)
             print(f"RuntimeError: contract job fails at step {step} as asked", flush=True)
-            return 3
+            return int(knobs.get("fail_exit", 3))
         _step(run, step, teachers, knobs)
         sys.stdout.flush()
         time.sleep(float(knobs.get("step_sleep_s", 0)))

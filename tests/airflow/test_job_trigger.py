@@ -232,3 +232,77 @@ def test_an_unreachable_ray_address_fails_naming_it() -> None:
     )
     with pytest.raises(AirflowException, match=f"the Ray dashboard at {address} is unreachable"):
         operator.execute(_context())  # type: ignore[arg-type]
+
+
+# -- crashes and restarts (issue 28): the run goes on, or the retry resumes it -----------------
+
+
+def test_a_triggerer_restart_leaves_the_job_running_and_a_new_trigger_sees_it_end(
+    tmp_path: Path,
+) -> None:
+    """A triggerer shutting down cancels its triggers (no ``on_kill``: that is for a user's
+    action); the new triggerer rebuilds each from ``serialize()`` and polls the same job."""
+    root = tmp_path / "jobs"
+    launcher = _start(
+        root, "long", "import time\nfor i in range(40): print(i, flush=True); time.sleep(0.05)"
+    )
+    trigger = _trigger(root, "long", deadline=time.time() + 120)
+
+    async def cancelled_midway() -> None:
+        task = asyncio.ensure_future(trigger.run().__anext__())
+        await asyncio.sleep(0.5)
+        task.cancel()  # what the triggerer's shutdown does to a running trigger
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_midway())
+    assert launcher.status("long").state == JobState.RUNNING  # type: ignore[union-attr]
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+    (event,) = _events(rebuilt)
+    assert event["state"] == "SUCCEEDED" and event["exit_code"] == 0
+
+
+def _train_context() -> dict[str, Any]:
+    """The train task's context: its ti also takes the note (story.tell) as an XCom."""
+    context = _context()
+    context["ti"].xcom_push = lambda key, value: None
+    return context
+
+
+def _train_operator(tmp_path: Path, code: str) -> Any:
+    from dressage.airflow.train_operator import TrainJobOperator
+
+    job = _operator(tmp_path, code).job
+    return TrainJobOperator(task_id="train", objective="mopd", job=job)
+
+
+def test_a_crashed_training_job_is_retried_and_a_refused_one_is_not(tmp_path: Path) -> None:
+    """A crash (killed with SIGKILL: no exit status; or an exit status other than 2) raises a
+    retryable error: the retry submits the job again and it resumes from its checkpoint. Exit
+    status 2 (the job refused its run config) fails the task for good."""
+    import os
+    import signal
+
+    code = "import time; print('step 1/9 x', flush=True); time.sleep(60)"
+    operator = _train_operator(tmp_path, code)
+    trigger = _defer(operator, _context()).trigger
+    sid = trigger.submission_id  # type: ignore[attr-defined]
+    pid = json.loads((tmp_path / "jobs" / sid / "state.json").read_text())["pid"]
+    os.killpg(pid, signal.SIGKILL)  # the job and its supervisor: no exit record
+    (event,) = _events(trigger)  # type: ignore[arg-type]
+    assert event["state"] == "FAILED" and event["exit_code"] is None
+    with pytest.raises(AirflowException, match="without an exit record") as crash:
+        operator.execute_complete(_train_context(), event)
+    assert not isinstance(crash.value, AirflowFailException)
+    retried = _train_operator(tmp_path, "print('resumed')")  # a new attempt of the same job
+    (event,) = _events(_defer(retried, _context()).trigger)  # type: ignore[arg-type]
+    assert event["state"] == "SUCCEEDED" and (tmp_path / "jobs" / f"{sid}.attempt-1").is_dir()
+
+    for exit_code, final in ((1, False), (2, True)):
+        operator = _train_operator(tmp_path / str(exit_code), f"raise SystemExit({exit_code})")
+        (event,) = _events(_defer(operator, _context()).trigger)  # type: ignore[arg-type]
+        with pytest.raises(AirflowException) as failed:
+            operator.execute_complete(_train_context(), event)
+        assert isinstance(failed.value, AirflowFailException) is final, exit_code

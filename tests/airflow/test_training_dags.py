@@ -95,8 +95,12 @@ def test_mopd_end_to_end(
         assert report["ok"] and report["rows"] == 12
 
     events = dict(harness.asset_events(run))
+    student = events.pop("dressage://mopd/student")
     assert set(events) == {"dressage://mopd/segments", "dressage://mopd/train_data"}
     assert all(e["url"] == url and e["rows"] == 12 for e in events.values())
+    # the contract job writes no checkpoint of slime's layout: none is published
+    assert student["checkpoint"] is None and student["run_id"] == run.run_id
+    assert student["steps"] == 3 and student["parent_run"] is None
 
     summary = harness.xcom(run, "publish")["summary"]
     assert summary["steps"] == 3 and set(summary["teachers"]) == {"calculator", "lookup"}
@@ -148,14 +152,16 @@ def test_failing_job_fails_the_task_with_its_log_tail(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     caplog.set_level("INFO")
-    run = harness.run_dag("dressage_mopd", _conf(tmp_path, fail_at_step=1))
+    # exit status 2, the job's "cannot run": failed for good (a crash, any other status, is
+    # retried and resumes from its checkpoint: tests/airflow/test_job_trigger.py)
+    run = harness.run_dag("dressage_mopd", _conf(tmp_path, fail_at_step=1, fail_exit=2))
     states = harness.states(run)
     assert run.state == "failed"
     assert states["train"] == "failed"
     assert states["stage"] == states["publish"] == "upstream_failed"
     assert states["stop_services"] == "success"  # teardown runs whatever happens
     logs = _logs(caplog, capfd)
-    assert "FAILED: exit code 3" in logs
+    assert "FAILED: exit code 2" in logs
     assert "--- last 40 lines of its log" in logs
     assert "RuntimeError: contract job fails at step 1 as asked" in logs
     assert harness.asset_events(run) == []

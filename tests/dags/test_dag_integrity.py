@@ -109,7 +109,10 @@ def test_training_dags_draw_the_twelve_edges_of_the_readme(dag_id: str) -> None:
     assert type(dag.get_task("train")).__name__ == "TrainJobOperator"
     outlets = {a.uri for a in dag.get_task("publish").outlets}
     kind = "mopd" if dag_id == "dressage_mopd" else "rl"
-    assert outlets == {f"dressage://{kind}/segments", f"dressage://{kind}/train_data"}
+    tables = {f"dressage://{kind}/segments", f"dressage://{kind}/train_data"}
+    assert outlets == tables | {f"dressage://{kind}/student"}
+    # plan reads the student Asset (continue_from=latest); reading draws no schedule edge
+    assert {a.uri for a in dag.get_task("plan").inlets} == {f"dressage://{kind}/student"}
 
 
 def test_validation_dag_checks_routes_and_checkpoints_in_parallel() -> None:

@@ -87,7 +87,8 @@ def test_steps_and_seed_state_their_range() -> None:
 def test_optional_fields_are_not_marked_required() -> None:
     # The form marks a field required unless its type list holds "null".
     schemas = _schemas("dressage_mopd")
-    optional = {"student", "learning_rate", "partial_rollout", "extra", "ray_address", "ray_python"}
+    optional = {"student", "learning_rate", "partial_rollout", "extra", "ray_address", "ray_python",
+                "continue_from"}  # fmt: skip
     for name, (schema, _) in schemas.items():
         typed = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         assert ("null" in typed) == (name in optional), (name, typed)

@@ -66,6 +66,7 @@ def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-de
             *grpo_loss_flags(JobOptions.model_validate(run.advanced)),
         ],
         rollout=rollout_flags(JobOptions.model_validate(run.advanced)),
+        save_interval=options.save_interval,
     )
 
 
@@ -103,6 +104,20 @@ def test_the_learning_rate_and_its_schedule_reach_slime(tmp_path: Path, objectiv
     plan = _plan(run, extra_args=["--lr", "5e-6"])
     at = [k for k, a in enumerate(plan.argv) if a == "--lr"]
     assert len(at) == 2 and plan.argv[at[-1] + 1] == "5e-6"
+
+
+@pytest.mark.parametrize("objective", ["mopd", "grpo"])
+def test_both_commands_save_periodically_and_load_where_they_save(
+    tmp_path: Path, objective: str
+) -> None:
+    """A resubmitted job continues from slime's latest checkpoint (tests/real_slime checks the
+    folder against slime's own tracker logic and rollout-id arithmetic)."""
+    checkpoints = str(tmp_path / "out" / "checkpoints")
+    plan = _plan(_run(tmp_path, objective))
+    assert _value(plan.argv, "--save") == _value(plan.argv, "--load") == checkpoints
+    assert _value(plan.argv, "--save-interval") == str(JobOptions().save_interval) == "10"
+    plan = _plan(_run(tmp_path, objective, save_interval=2))
+    assert _value(plan.argv, "--save-interval") == "2"
 
 
 def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Path) -> None:

@@ -247,4 +247,5 @@ def test_the_mopd_dag_runs_its_job_on_ray(
     assert {uri for uri, _ in harness.asset_events(run)} == {
         "dressage://mopd/segments",
         "dressage://mopd/train_data",
+        "dressage://mopd/student",
     }

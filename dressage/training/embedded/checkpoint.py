@@ -46,6 +46,12 @@ newest complete one before it.
 model (architecture, tokenizer: :func:`dressage.training.checkpoints.same_model_problems`) or
 with other teachers is refused before training, naming every difference; any other problem
 names its file.
+
+A new run can also start from an earlier run's checkpoint (:func:`continue_from_checkpoint`, the
+job's ``advanced.continue_from``): the student, AdamW's state and the rollout side (the data
+position and the prompts handed out but not trained) come from it, while the run's own rollout
+ids, learning-rate schedule, RNG seeds and metrics start afresh. A checkpoint that is not there
+is an error, never a fresh start.
 """
 
 from __future__ import annotations
@@ -75,7 +81,10 @@ from dressage.training.checkpoints import (
 __all__ = [
     "TRACKER",
     "CheckpointMismatchError",
+    "Continued",
     "Resumed",
+    "checkpoint_location",
+    "continue_from_checkpoint",
     "latest_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
@@ -101,6 +110,30 @@ class Resumed:
     """The rollout trained last before the save; the run goes on at the next."""
     metrics_step: int
     """The last metrics step logged before the save."""
+
+
+@dataclass(frozen=True)
+class Continued:
+    """What :func:`continue_from_checkpoint` took from an earlier run's checkpoint."""
+
+    folder: Path
+    rollout_id: int
+    """The earlier run's last trained rollout (0-based) when it saved."""
+    optimizer_steps: int
+    """The optimizer steps the student had taken, all runs before this one together."""
+    data_position: dict[str, Any] | None
+    """The data source's position this run starts at (its ``state_dict()``), None if not kept."""
+    carried_groups: int
+    """Prompt groups the earlier run had handed out but not trained, served first here."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "checkpoint": str(self.folder),
+            "rollout_id": self.rollout_id,
+            "optimizer_steps": self.optimizer_steps,
+            "data_position": self.data_position,
+            "carried_groups": self.carried_groups,
+        }
 
 
 # -- saving ------------------------------------------------------------------------------------
@@ -344,11 +377,77 @@ def load_checkpoint(args: Any, trainer: Any, rollout_manager: Any = None) -> Res
     if folder is None:
         log.info("--load %s holds no checkpoint: training starts from %s", root, trainer.model_path)
         return None
+    meta, state, _ = _restore(folder, trainer, rollout_manager, "--load")
+    trainer.num_steps = int(state["num_steps"])
+    _set_rng_state(state["rng"])
+    rollout_id = int(meta["rollout_id"])
+    if getattr(args, "start_rollout_id", None) is None:
+        args.start_rollout_id = rollout_id + 1
+    log.info(
+        "resumed from %s: rollout %d, %d optimizer steps", folder, rollout_id, trainer.num_steps
+    )
+    return Resumed(folder, rollout_id, int(meta.get("metrics_step", rollout_id)))
+
+
+def checkpoint_location(text: str) -> Path:
+    """The folder a ``continue_from`` value names: a path, or a ``file://`` URL.
+
+    Raises:
+        CheckpointError: another URL scheme (the checkpoint must be on this machine's disk).
+    """
+    from urllib.parse import unquote, urlparse
+
+    value = text.strip()
+    if "://" not in value:
+        return Path(value).expanduser()
+    url = urlparse(value)
+    if url.scheme != "file":
+        raise CheckpointError(
+            f"continue_from {value!r}: only a folder or a file:// URL can be continued from, "
+            f"not {url.scheme}://"
+        )
+    return Path(unquote(url.path))
+
+
+def continue_from_checkpoint(
+    source: str | Path, trainer: Any, rollout_manager: Any = None
+) -> Continued:
+    """Start a new run from an earlier run's checkpoint (see the module docstring).
+
+    ``source``: a ``checkpoints/`` folder (its newest complete checkpoint), one
+    ``iter_XXXXXXX`` folder, or a ``file://`` URL of either.
+
+    Raises:
+        CheckpointError: no checkpoint there, or a file of it cannot be read or does not fit.
+        CheckpointMismatchError: another model or other teachers.
+    """
+    root = checkpoint_location(str(source))
+    if not root.exists():
+        raise CheckpointError(f"continue_from {source}: no such folder")
+    folder = latest_checkpoint(root)
+    if folder is None:
+        raise CheckpointError(f"continue_from {source}: the folder holds no checkpoint")
+    meta, state, rollout = _restore(folder, trainer, rollout_manager, "continue_from")
+    log.info("continuing from %s: rollout %d of an earlier run", folder, int(meta["rollout_id"]))
+    return Continued(
+        folder=folder,
+        rollout_id=int(meta["rollout_id"]),
+        optimizer_steps=int(state["num_steps"]),
+        data_position=(rollout or {}).get("data_source"),
+        carried_groups=len((rollout or {}).get("groups") or []),
+    )
+
+
+def _restore(
+    folder: Path, trainer: Any, rollout_manager: Any, what: str
+) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """Check ``folder`` against this run, then load the student, AdamW's state and the rollout
+    state (into ``rollout_manager`` when given); its (meta, trainer state, rollout state)."""
     meta = _read_json(folder / META)
     problems = _mismatches(folder, meta, trainer)
     if problems:
         raise CheckpointMismatchError(
-            f"--load {folder} was saved by another model or config:\n"
+            f"{what} {folder} was saved by another model or config:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
     try:
@@ -360,20 +459,13 @@ def load_checkpoint(args: Any, trainer: Any, rollout_manager: Any = None) -> Res
         trainer.optimizer.load_state_dict(state["optimizer"])
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"{folder / TRAINER}: optimizer state does not fit: {exc}") from exc
-    trainer.num_steps = int(state["num_steps"])
+    rollout = _read_json(folder / ROLLOUT)
     if rollout_manager is not None and hasattr(rollout_manager, "load_rollout_state"):
         try:
-            rollout_manager.load_rollout_state(_read_json(folder / ROLLOUT))
+            rollout_manager.load_rollout_state(rollout)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{folder / ROLLOUT}: {exc}") from exc
-    _set_rng_state(state["rng"])
-    rollout_id = int(meta["rollout_id"])
-    if getattr(args, "start_rollout_id", None) is None:
-        args.start_rollout_id = rollout_id + 1
-    log.info(
-        "resumed from %s: rollout %d, %d optimizer steps", folder, rollout_id, trainer.num_steps
-    )
-    return Resumed(folder, rollout_id, int(meta.get("metrics_step", rollout_id)))
+    return meta, state, rollout
 
 
 def _read_json(path: Path) -> Any:
