@@ -77,11 +77,8 @@ def command_parser(prog: str, **kwargs: Any) -> argparse.ArgumentParser:
 
     ``prog`` is the name used when no ``dressage`` command started it (``python -m ...``).
     """
-    parser = argparse.ArgumentParser(
-        prog=_INVOKED_AS[-1] if _INVOKED_AS else prog,
-        formatter_class=DefaultsHelpFormatter,
-        **kwargs,
-    )
+    kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=_INVOKED_AS[-1] if _INVOKED_AS else prog, **kwargs)
     parser.add_argument(
         "--version", action="version", version=f"dressage {version()}", help="print the version"
     )

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dressage.commands import validation_sentences
 from dressage.config.mopd import (
     OBJECTIVE_SLIME_OPTIONS,
     Problem,
@@ -225,13 +226,12 @@ def advanced_problems(run: TrainRunConfig) -> list[str]:
     DAG's first task, before anything is launched."""
     try:
         options = JobOptions.model_validate(run.advanced)
-    except ValidationError as exc:
-        return [
-            f"advanced.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
-            if error["loc"]
-            else f"advanced: {error['msg']}"
-            for error in exc.errors()
-        ]
+    except ValidationError as exc:  # one sentence each, "did you mean" for a misspelled key
+        return validation_sentences(
+            exc,
+            JobOptions,
+            name=lambda loc: ".".join(["advanced", *(str(part) for part in loc)]),
+        )
     problems = options.objective_problems(run.objective)
     try:
         options.optimizer_batch_size(

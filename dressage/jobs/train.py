@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from dressage.commands import DefaultsHelpFormatter, command_parser
 from dressage.config.env import env_secret, env_str
 from dressage.config.job import DEFAULT_MOPD_TOPK, JobOptions, advanced_problems
 from dressage.config.mopd import (
@@ -54,6 +55,12 @@ from dressage.tiny.checkpoints import CheckpointNotBuiltError, resolve_checkpoin
 __all__ = ["JobConfigError", "main", "run_job"]
 
 log = logging.getLogger("dressage.jobs.train")
+
+
+class RawDescriptionDefaultsHelpFormatter(
+    argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter
+):
+    """The module docstring as written, each option's default after its help."""
 
 
 class JobConfigError(ValueError):
@@ -326,9 +333,13 @@ def _quiet_progress_bars() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dressage.jobs.train", description=__doc__)
+    parser = command_parser(
+        "python -m dressage.jobs.train",
+        description=__doc__,
+        formatter_class=RawDescriptionDefaultsHelpFormatter,
+    )
     parser.add_argument("--run-config", required=True, type=Path, help="RUN.json")
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--log-level", default="WARNING", help="of the job's own log lines")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     _quiet_progress_bars()

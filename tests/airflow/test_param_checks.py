@@ -113,7 +113,7 @@ def test_job_settings_the_job_would_refuse_are_one_sentence_each(
 
     assert job_settings_problems(plan("grpo", num_steps_per_rollout=4)) == []
     assert job_settings_problems(plan("grpo", learning_rat=1e-4)) == [
-        "More job settings (extra): learning_rat: Extra inputs are not permitted"
+        "More job settings (extra): learning_rat is not a known key (did you mean 'learning_rate'?)"
     ]
     (refused,) = job_settings_problems(plan("mopd", kl_loss_coef=0.1))
     assert refused.startswith("More job settings (extra): kl_loss_coef 0.1 is GRPO-only")
