@@ -323,7 +323,10 @@ class EngineClient:
         await self._each_worker("/continue_generation", {})
 
     async def model_info(self) -> dict[str, Any]:
+        """``GET /model_info`` (``/get_model_info`` on a 404: a router serves only that)."""
         response = await self._control_call("GET", f"{self.url}/model_info")
+        if response.status_code == 404:
+            response = await self._control_call("GET", f"{self.url}/get_model_info")
         if response.status_code != 200:
             raise EngineRejectedError(self.url, response.status_code, response.text[:500])
         info = response.json()

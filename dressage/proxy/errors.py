@@ -21,6 +21,7 @@ __all__ = [
     "SessionClosed",
     "SessionNotFound",
     "Unauthorized",
+    "VocabularyMismatch",
     "error_body",
 ]
 
@@ -109,6 +110,16 @@ class EngineFailure(ProxyError):
         self.status = status
         if 400 <= status < 500:
             self.type = "invalid_request_error"
+
+
+class VocabularyMismatch(ProxyError):
+    """The engine serves another vocabulary than the proxy's tokenizer
+    (:mod:`~dressage.proxy.vocabulary`): no call can be right, so none is sent. 503, as for an
+    engine that is down: the fix is in how the two were started."""
+
+    status = 503
+    type = "engine_error"
+    code = "vocabulary_mismatch"
 
 
 def error_body(

@@ -28,6 +28,10 @@ Every request gets one line on the ``dressage.proxy.access`` logger (method, rou
 status, milliseconds, the refused field of a 4xx; :mod:`~dressage.proxy.access_log`), unless
 ``--no-access-log``.
 
+The proxy checks its tokenizer against the engine's vocabulary once the engine answers, and
+refuses to start (exit status 2, the reason on stderr) when the engine serves another one,
+whether it answered at start or only later (:mod:`~dressage.proxy.vocabulary`).
+
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413; bad
 bodies a JSON 400 naming the field (:mod:`~dressage.proxy.http_io`). Once the proxy accepts
@@ -38,13 +42,14 @@ connections it prints ``DRESSAGE_PROXY_URL=http://HOST:PORT``; uvicorn's setting
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -119,8 +124,13 @@ def create_app(
     store: TrajectoryStore | None = None,
     tito: TITOTokenizer | None = None,
     controller: GenerationController | None = None,
+    on_vocabulary_mismatch: Callable[[str], None] | None = None,
 ) -> FastAPI:
-    """The proxy app. What is not given is built from ``config`` (and closed with the app)."""
+    """The proxy app. What is not given is built from ``config`` (and closed with the app).
+
+    At start the app checks its tokenizer against the engine's vocabulary, at once if the engine
+    answers, else once it does (:mod:`~dressage.proxy.vocabulary`); ``on_vocabulary_mismatch``
+    gets the refusal's sentence (``dressage-proxy`` stops on it)."""
     owned: list[Any] = []
     if tito is None:
         tito = create_tito_tokenizer(
@@ -153,7 +163,16 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        vocabulary = manager.vocabulary
+        await vocabulary.first_look()
+        watching = None
+        if not vocabulary.decided:  # the engine is not up yet: decide once it answers
+            watching = asyncio.create_task(vocabulary.watch(on_vocabulary_mismatch))
+        elif vocabulary.refusal and on_vocabulary_mismatch is not None:
+            on_vocabulary_mismatch(vocabulary.refusal)
         yield
+        if watching is not None:
+            watching.cancel()
         await pause.close()
         for resource in owned:
             if isinstance(resource, EngineClient):
@@ -241,6 +260,9 @@ def _add_info(app: FastAPI, engine: EngineClient, auth: _Auth, config: ProxyConf
     @app.get("/ready")
     async def ready() -> Response:
         """Readiness: 503 naming what is down (never where the engine runs)."""
+        refusal = app.state.manager.vocabulary.refusal
+        if refusal:
+            return _json({"status": "not_ready", "engine": refusal}, 503)
         if await engine.healthy():
             return _json({"status": "ready", "engine": "ok"})
         return _json({"status": "not_ready", "engine": "unreachable or unhealthy"}, 503)
@@ -353,7 +375,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if config.access_log:  # on by default, whatever --log-level says of the rest
         logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
-    app = create_app(config)
+    refusals: list[str] = []
+
+    def refuse(sentence: str) -> None:  # the engine serves another vocabulary: stop, say why
+        print(f"dressage-proxy: {sentence}", file=sys.stderr, flush=True)
+        refusals.append(sentence)
+        server.should_exit = True
+
+    app = create_app(config, on_vocabulary_mismatch=refuse)
     tune_gc()
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family)
@@ -365,11 +394,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     class _Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
-            print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
+            if not self.should_exit:
+                print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
 
     server = _Server(uvicorn_config(app, log_level=log_level))
     server.run(sockets=[sock])
-    return 0
+    return 2 if refusals else 0
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ from dressage.proxy.turns import (
     step_extra,
     token_logprobs,
 )
+from dressage.proxy.vocabulary import VocabularyCheck, tokenizer_name
 from dressage.trajectory import StepRecord
 
 __all__ = [
@@ -151,6 +152,9 @@ class SessionManager(SessionRegistry):
         self.tito = tito
         self.config = config
         self.limits = InputLimits(controller.engine, tito.tokenizer)
+        self.vocabulary = VocabularyCheck(
+            controller.engine, tito.tokenizer, tokenizer_name=tokenizer_name(config)
+        )
         self._stream_format = STREAM_FORMATS.get(tito.parser_family or "")
 
     # ------------------------------------------------------------------------------ a call
@@ -159,6 +163,7 @@ class SessionManager(SessionRegistry):
     ) -> tuple[Turn, EngineContext | None]:
         """The call's turn, within the engine's context (see the module docstring)."""
         where = f"session {session.id}"
+        await self.vocabulary.verified()
         context = await self.limits.context()
         self.limits.refuse_impossible(input_chars(request.messages), context, where)
         state = session.state

@@ -11,10 +11,9 @@ the real agent ones.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -23,56 +22,17 @@ from openai import AsyncOpenAI, OpenAI
 
 from dressage.proxy.client import SyncProxyClient
 from dressage.proxy.engine_client import EngineClient, PromptIds
-from dressage.proxy.http1 import RawResponse
 from dressage.proxy.tito import TITOTokenizer
 from dressage.testing.tito_corpus import WEATHER_TOOL
 from dressage.trajectory import Segment, StepRecord
 from tests.helpers import ENGINE_KEY, bearer
 from tests.proxy.conftest import running_proxy
+from tests.proxy.wire_log import WireLog
 
 pytestmark = pytest.mark.integration
 
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 SYSTEM = {"role": "system", "content": "You are a weather agent. Use the tools."}
-
-
-class WireLog(EngineClient):
-    """The engine client, keeping each /generate request and answer as they went over HTTP."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url, retries=0, admin_key=ENGINE_KEY)
-        self.requests: list[dict[str, Any]] = []
-        self.answers: list[dict[str, Any]] = []
-
-    def _payload(
-        self,
-        prompt: PromptIds,
-        sampling: dict[str, Any],
-        rid: str,
-        stream: bool,
-        top_logprobs: int = 0,
-    ) -> bytes:
-        body = super()._payload(prompt, sampling, rid, stream, top_logprobs)
-        self.requests.append(json.loads(body))
-        return body
-
-    async def _post_generate(self, body: bytes, headers: list[tuple[str, str]]) -> RawResponse:
-        response = await super()._post_generate(body, headers)
-        self.answers.append(json.loads(response.body))
-        return response
-
-    async def _chunks(self, lines: AsyncIterator[bytes], rid: str) -> AsyncIterator[Any]:
-        last: list[dict[str, Any]] = []
-
-        async def tee() -> AsyncIterator[bytes]:
-            async for line in lines:
-                if line.startswith(b"data: {"):
-                    last[:] = [json.loads(line[6:])]
-                yield line
-
-        async for out in super()._chunks(tee(), rid):
-            yield out
-        self.answers.append(last[0])  # cumulative: the last chunk holds every token
 
 
 @pytest.fixture(scope="module")
