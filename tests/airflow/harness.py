@@ -9,6 +9,7 @@ repository's ``dags/`` and run with ``dag.test()``.
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import shutil
 import sys
@@ -74,8 +75,21 @@ def dagbag() -> Any:
 
 
 def run_dag(dag_id: str, conf: dict[str, Any]) -> Any:
-    """One ``dag.test()`` run; returns the DagRun."""
-    return dagbag().dags[dag_id].test(run_conf=conf)
+    """One ``dag.test()`` run; returns the DagRun.
+
+    In one process the tasks resolve their Params on the DAG's and the tasks' own Param objects,
+    and a run's conf writes its values into them (a worker parses the DAG afresh for each
+    task, so only in-process runs share them): the Params are put back after the run, so that
+    a run never takes an earlier run's conf for its defaults."""
+    dag = dagbag().dags[dag_id]
+    saved = copy.deepcopy(dag.params)
+    saved_tasks = {task.task_id: copy.deepcopy(task.params) for task in dag.tasks}
+    try:
+        return dag.test(run_conf=conf)
+    finally:
+        dag.params = saved
+        for task in dag.tasks:
+            task.params = saved_tasks[task.task_id]
 
 
 def states(run: Any) -> dict[str, str]:
