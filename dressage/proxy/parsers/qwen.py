@@ -28,6 +28,7 @@ _CALL_OPEN = "<tool_call>"
 _BLOCK = re.compile(r"\s*<tool_call>(.*?)</tool_call>", re.S)
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.S)
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+_SEPARATOR = ("\n", " ", "\t", "\r")
 
 CallReader = Callable[[str, list[dict[str, Any]] | None], ParsedToolCall | None]
 
@@ -43,9 +44,11 @@ def _xml_call(body: str, tools: list[dict[str, Any]] | None) -> ParsedToolCall |
     for param in _PARAMETER.finditer(inner):
         if param.start() != pos:
             return None
+        # One whitespace character separates the value from each tag: the template writes a
+        # newline, and a tool-call constraint (xgrammar's qwen_3_5 tag) lets any one stand there
         value = param.group(2)
-        value = value[1:] if value.startswith("\n") else value
-        value = value[:-1] if value.endswith("\n") else value
+        value = value[1:] if value[:1] in _SEPARATOR else value
+        value = value[:-1] if value[-1:] in _SEPARATOR else value
         key = param.group(1).strip()
         arguments[key] = convert_parameter(value, schemas.get(key))
         pos = param.end()

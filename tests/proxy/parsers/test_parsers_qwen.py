@@ -97,6 +97,22 @@ def test_without_schema_values_become_json_only_when_they_are_structured() -> No
     }
 
 
+def test_one_whitespace_character_separates_a_value_from_its_tags() -> None:
+    """The template writes a newline there; a tool-call constraint (xgrammar's qwen_3_5 tag)
+    lets any one whitespace character stand in its place, or none. More is the value's own."""
+    body = (
+        "<parameter=city>Paris\t</parameter>\n<parameter=code> AB</parameter>\n"
+        "<parameter=nights>\t3 </parameter>\n<parameter=late>\n  spaced \n\n</parameter>\n"
+    )
+    text = f"<tool_call>\n<function=book>\n{body}</function>\n</tool_call>"
+    assert _args(parse_assistant_output(text, family="qwen3.5", tools=TOOLS)) == {
+        "city": "Paris",
+        "code": "AB",
+        "nights": 3,
+        "late": "  spaced \n",  # not a boolean: kept as written, less one separator each side
+    }
+
+
 def test_schema_type_mismatch_keeps_the_string() -> None:
     text = _call("book", nights="three", guests="not json", late="yes")
     assert _args(parse_assistant_output(text, family="qwen3.5", tools=TOOLS)) == {
