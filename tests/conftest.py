@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import slime_root
+from tests.helpers import megatron_lm_root, slime_root
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -21,6 +21,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # imports dressage, so dressage.types picks slime's own Sample as it does on a cluster.
 if (_slime := slime_root()) is not None:
     sys.path.insert(0, str(_slime))
+# Megatron-LM's training code joins the wheel's megatron.core in the namespace package megatron.
+if (_megatron_lm := megatron_lm_root()) is not None:
+    sys.path.append(str(_megatron_lm))
 
 
 @pytest.fixture(scope="session")

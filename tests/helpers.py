@@ -19,6 +19,13 @@ def slime_root() -> Path | None:
     return Path(value).resolve() if value else None
 
 
+def megatron_lm_root() -> Path | None:
+    """``$MEGATRON_LM_ROOT`` resolved (Megatron-LM's training code, ``megatron/training``, at the
+    tag of the pinned megatron-core), or None."""
+    value = os.environ.get("MEGATRON_LM_ROOT", "").strip()
+    return Path(value).resolve() if value else None
+
+
 _HANDED_OUT: set[int] = set()
 
 

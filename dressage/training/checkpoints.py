@@ -285,6 +285,7 @@ def _inspect_torch_dist(root: Path, ckpt_step: int | None) -> CheckpointInfo:
         metadata = dist_checkpointing.load_tensors_metadata(str(folder))
     except Exception as exc:  # any reader failure means we cannot vouch for this checkpoint
         raise CheckpointError(f"{folder}: tensor metadata unreadable: {exc}") from exc
+    _check_storage(folder)
     shapes = {
         key: tuple(int(d) for d in tensor.global_shape)
         for key, tensor in metadata.items()
@@ -314,6 +315,37 @@ def _inspect_torch_dist(root: Path, ckpt_step: int | None) -> CheckpointInfo:
         tensor_shapes=shapes,
         notes=tuple(notes),
     )
+
+
+def _check_storage(folder: Path) -> None:
+    """Every byte range the checkpoint's ``.metadata`` points at is in its files: a shard file
+    that is missing or shorter than its index says (a copy cut short, a save that died) is named
+    here, before a load would fail half-way through the teachers.
+
+    Raises:
+        CheckpointError: naming the missing or short file.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(str(folder)).read_metadata().storage_data or {}
+    except Exception as exc:  # the index itself is torn
+        raise CheckpointError(f"{folder / '.metadata'} is unreadable: {exc}") from exc
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        if name is not None:
+            end = int(info.offset) + int(info.length)
+            needed[name] = max(needed.get(name, 0), end)
+    for name, end in sorted(needed.items()):
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing: the checkpoint's index names it")
+        size = path.stat().st_size
+        if size < end:
+            raise CheckpointError(
+                f"{path} is torn: {size} bytes, the checkpoint's index needs {end}"
+            )
 
 
 def _megatron_layers(shapes: Mapping[str, tuple[int, ...]]) -> int | None:

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("embedded_checkpo
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SCRIPTS = {"docs/guide-proxy.md": "answer: "}  # page -> what its output must show
 _ENV = r"(?:[A-Z_]+=\S+ )*"
+_GPU_TIER = "tested by tests/real_slime/test_megatron_gpu.py (a GPU)"
 CHECKS: list[tuple[str, str]] = [
     (r"make (venv|demo|test|airflow|test-ui)", "make"),
     (r"DRESSAGE_MOPD_SCHEDULE=@daily make airflow", "make"),
@@ -42,6 +43,9 @@ CHECKS: list[tuple[str, str]] = [
         "tested by tests/launch/test_slime_command.py (the shell launcher)",
     ),
     (_ENV + r"\.venv/bin/dressage (assets|mopd check|mopd launch|artifacts show|env) .*", "run"),
+    (r"\.venv/bin/python -m dressage\.slime\.model_flags \S+", "run"),
+    (r"python -m dressage\.slime\.torch_dist to-(torch-dist|hf) .*", _GPU_TIER),
+    (_ENV + r"\.venv/bin/python -m pytest -m megatron_gpu tests/real_slime/", _GPU_TIER),
 ]
 
 

@@ -284,3 +284,17 @@ def test_cli_checks_a_configs_checkpoints(
     bad.write_text(_config("tiny:seed=0", {"q3": {"load": "tiny:vocab=qwen3"}}).model_dump_json())
     assert main([str(bad)]) == 1
     assert "teacher 'q3': tokenizer differs" in capsys.readouterr().err
+
+
+def test_torn_or_missing_shard_is_named(megatron_ckpts: dict[str, Path], tmp_path: Path) -> None:
+    torn = tmp_path / "torn"
+    shutil.copytree(megatron_ckpts["teacher"], torn)
+    shard = sorted((torn / "iter_0000003").glob("*.distcp"))[0]
+    size = shard.stat().st_size
+    with shard.open("r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(CheckpointError, match=f"{shard.name} is torn: {size // 2} bytes"):
+        inspect_checkpoint(torn)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"{shard} is missing"):
+        inspect_checkpoint(torn)

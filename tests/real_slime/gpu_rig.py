@@ -1,0 +1,377 @@
+"""The MOPD actor inside slime's ``MegatronTrainRayActor`` on a real GPU, with real Megatron.
+
+    python -m tests.real_slime.gpu_rig all WORK_DIR         # every phase, a report per phase
+    python -m tests.real_slime.gpu_rig train WORK_DIR SCENARIO_JSON
+
+Needs CUDA, slime (``SLIME_ROOT``) and Megatron-LM's training code (``MEGATRON_LM_ROOT``) on
+``PYTHONPATH``, numpy 1.x (Megatron refuses 2.x), and the embedded config's tiny checkpoints in
+the asset cache. Phases, each in a process of its own (Megatron's state is global):
+
+1. ``convert``: the student and both teachers to ``torch_dist`` with
+   :mod:`dressage.slime.torch_dist` (slime's Hugging Face loader, Megatron's ``save_checkpoint``),
+   and the student back to Hugging Face with slime's saver; the round trip must give the
+   checkpoint's weights rounded to bf16, bit for bit.
+2. ``train``: slime's real ``MegatronTrainRayActor.init`` with the project's MOPD actor class
+   (Megatron's initialisation, ``get_model``, the distributed optimizer in bf16, slime's
+   ``load_checkpoint`` of the student, each teacher into slime's ``TensorBackuper`` in pinned
+   host memory), then ``train`` on one rollout.
+
+Stand-ins, each only for a package that cannot run or travel here: ``sglang`` and
+``sglang_router`` (import-only placeholders: nothing here talks to an engine; the one sglang call
+on this path, its patch of torch's tensor pickling for engine processes that slime's Hugging Face
+saver makes first, does nothing), ``ray`` when it is not installed (its wheel does not travel
+whole: ``ray.remote`` leaves a class as it is, ``ray.get``/``ray.put`` are the identity on
+slime's data path, as in the CPU rig), and ``wandb`` when it is not installed (no run is
+tracked). The model is built with :mod:`dressage.slime.layer_spec` (Megatron's local spec with
+TE's names and packed-sequence attention), since Transformer Engine does not travel either.
+Everything of Megatron, slime's actor, its ``TensorBackuper`` and its offload is the real code.
+
+Not yet here (issue 27): the train data is the converter's output for factory-made segments, not
+sessions recorded through the proxy, and no embedded-trainer numerics, learning curve or
+rotation bench run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+EMBEDDED = Path(__file__).resolve().parents[2] / "configs" / "mopd" / "embedded.json"
+
+
+def _checkpoints() -> dict[str, Path]:
+    """The embedded config's student and teachers as Hugging Face folders (built if missing)."""
+    from dressage.tiny.checkpoints import resolve_checkpoint
+
+    config = json.loads(EMBEDDED.read_text())
+    out = {"student": Path(resolve_checkpoint(config["student"]["hf_checkpoint"]))}
+    for tid, spec in sorted(config["teachers"].items()):
+        out[tid] = Path(resolve_checkpoint(spec["load"]))
+    return out
+
+
+SCENARIOS: tuple[dict[str, Any], ...] = (
+    {"name": "plain_sampled"},
+    {"name": "plain_topk", "objective": "topk"},
+    {"name": "colocate_offload", "objective": "topk", "extra": ["--colocate"]},
+)
+"""The layouts and objectives ``all`` runs: plain, and colocated with slime's offload of the
+actor (``--colocate`` turns ``--offload-train`` on), through torch_memory_saver."""
+
+
+def _offload_env() -> dict[str, str]:
+    """What slime's actor group puts in a train actor's environment under ``--offload-train``
+    (slime/ray/actor_group.py): torch_memory_saver's preload hook and its switches."""
+    import torch_memory_saver
+
+    folder = Path(torch_memory_saver.__file__).resolve().parents[1]
+    for name in (
+        "torch_memory_saver_hook_mode_preload_cu13.abi3.so",
+        "torch_memory_saver_hook_mode_preload_cu12.abi3.so",
+        "torch_memory_saver_hook_mode_preload.abi3.so",
+    ):
+        if (folder / name).exists():
+            break
+    else:
+        raise FileNotFoundError(f"no torch_memory_saver preload library in {folder}")
+    return {
+        "LD_PRELOAD": str(folder / name),
+        "TMS_INIT_ENABLE": "1",
+        "TMS_INIT_ENABLE_CPU_BACKUP": "1",
+        "NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0"),
+    }
+
+
+def _run(
+    argv: list[str], log: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.run(
+            argv,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+    tail = log.read_text().splitlines()[-25:]
+    return {
+        "rc": proc.returncode,
+        "seconds": round(time.perf_counter() - started, 1),
+        "tail": tail if proc.returncode else tail[-3:],
+    }
+
+
+_CONVERT = [sys.executable, "-m", "tests.real_slime.gpu_rig", "torch-dist"]
+"""dressage.slime.torch_dist's command line, with the stand-ins in place."""
+
+
+def convert(work: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    report: dict[str, Any] = {}
+    ckpts = _checkpoints()
+    report["hf"] = {k: str(v) for k, v in ckpts.items()}
+    for name, hf in ckpts.items():
+        out = work / "torch_dist" / name
+        report[f"to_torch_dist:{name}"] = _run(
+            [*_CONVERT, "to-torch-dist", str(hf), str(out)],
+            work / f"convert_{name}.log",
+        )
+    back = work / "hf_back" / "student"
+    report["to_hf:student"] = _run(
+        [
+            *_CONVERT, "to-hf",
+            str(work / "torch_dist" / "student"), str(ckpts["student"]), str(back),
+        ],
+        work / "convert_back.log",
+    )  # fmt: skip
+    if report["to_hf:student"]["rc"] == 0:
+        want = load_file(str(ckpts["student"] / "model.safetensors"))
+        got: dict[str, torch.Tensor] = {}
+        for f in sorted(back.glob("*.safetensors")):
+            got.update(load_file(str(f)))
+        diffs = {}
+        for key, value in want.items():
+            other = got.get(key)
+            if other is None:
+                diffs[key] = "missing"
+            elif not torch.equal(other.to(torch.bfloat16), value.to(torch.bfloat16)):
+                diffs[key] = float((other.float() - value.float()).abs().max())
+        report["round_trip"] = {
+            "keys_want": len(want),
+            "keys_got": len(got),
+            "extra": sorted(set(got) - set(want))[:10],
+            "differ": diffs,
+            "dtypes": sorted({str(t.dtype) for t in got.values()}),
+        }
+    return report
+
+
+def _stand_ins() -> list[str]:
+    """Answer the imports of the packages that cannot run or travel here; returns their names."""
+    import importlib
+
+    from tests.real_slime import standins
+    from tests.real_slime.standins import _Finder
+
+    missing = list(standins.install())
+    absent: tuple[str, ...] = ()
+    for name in ("ray", "wandb"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            absent += (name,)
+    if absent:
+        sys.meta_path.insert(0, _Finder(absent))
+        missing += absent
+    if "ray" in absent:
+        import ray
+
+        def remote(*args: Any, **kwargs: Any) -> Any:  # @ray.remote and @ray.remote(...)
+            if len(args) == 1 and not kwargs and callable(args[0]):
+                return args[0]
+            return lambda target: target
+
+        ray.remote = remote
+        ray.get = ray.put = lambda value, **_: value  # the object store is this process
+    if "sglang" in missing:
+        # sglang's patch of torch's multiprocessing reductions lets CUDA tensors travel to an
+        # engine process; slime's Hugging Face saver applies it first. No engine runs here.
+        patch_torch = importlib.import_module("sglang.srt.utils.patch_torch")
+        patch_torch.monkey_patch_torch_reductions = lambda: None
+    if "wandb" in absent:
+        import wandb
+
+        wandb.run = None  # no tracker: slime and the MOPD metrics check this before logging
+    return missing
+
+
+def _train_argv(work: Path, scenario: dict[str, Any]) -> list[str]:
+    from dressage.slime.model_flags import megatron_model_flags
+    from dressage.slime.torch_dist import _RUN_FLAGS
+
+    ckpts = _checkpoints()
+    teachers = {tid: {"load": str(work / "torch_dist" / tid)} for tid in ckpts if tid != "student"}
+    config = {
+        "teachers": teachers,
+        "datasets": [
+            {"name": t, "path": "x.jsonl", "teacher_id": t, "weight": 1, "agent_mode": "blackbox"}
+            for t in teachers
+        ],
+    }
+    (work / "mopd.json").write_text(json.dumps(config))
+    run = [f for f in _RUN_FLAGS]
+    run[run.index("--num-rollout") + 1] = "1"
+    run[run.index("--rollout-batch-size") + 1] = "3"
+    run[run.index("--global-batch-size") + 1] = "3"
+    argv = [*megatron_model_flags(ckpts["student"]), *run]
+    argv += ["--hf-checkpoint", str(ckpts["student"])]
+    # as a slime user starts from a converted model: --ref-load names it, --load the run's own
+    # (empty) checkpoint folder, so slime loads the weights with --finetune and no optimizer
+    argv += ["--ref-load", str(work / "torch_dist" / "student"), "--load", str(work / "save")]
+    argv += ["--save", str(work / "save"), "--save-interval", "100"]
+    argv += ["--mopd-config", str(work / "mopd.json")]
+    argv += ["--mopd-metrics-dir", str(work / "metrics"), "--n-samples-per-prompt", "1"]
+    argv += ["--optimizer", "adam", "--lr", "1e-4", "--lr-decay-style", "constant"]
+    argv += ["--weight-decay", "0.0", "--adam-beta1", "0.9", "--adam-beta2", "0.98"]
+    argv += ["--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"]
+    argv += ["--mopd-objective", scenario.get("objective", "sampled")]
+    argv += list(scenario.get("extra", []))
+    return argv
+
+
+def _samples(args: Any, vocab: int) -> list[Any]:
+    from tests.rollout.factories import template, trajectory
+
+    out: list[Any] = []
+    teachers = sorted(json.loads(Path(args.mopd_config).read_text())["teachers"])
+    for index, (teacher, split) in enumerate(
+        [(teachers[0], [3]), (teachers[1], [2, 4]), (teachers[1], [5])]
+    ):
+        tmpl = template(index, index, teacher_id=teacher)
+        out += trajectory(args, tmpl, split, reward=float(index % 2))
+    for s in out:
+        s.tokens = [t % vocab for t in s.tokens]
+    return out
+
+
+def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    report: dict[str, Any] = {"stood_in": _stand_ins()}
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    from tests.helpers import free_port
+
+    os.environ["MASTER_PORT"] = str(free_port())
+    import slime.ray.rollout as rollout_mod
+    import slime.utils.data as data_mod
+    from slime.observability import logging_utils
+
+    from dressage.rollout.convert_samples import convert_samples_to_train_data
+    from dressage.training.mopd_actor import make_mopd_actor_cls
+    from dressage.training.mopd_train import parse_mopd_args
+    from tests.real_slime.slime_parts import bare_manager
+
+    args = parse_mopd_args(_train_argv(work, scenario))
+    report["args"] = {
+        k: str(getattr(args, k, None))
+        for k in ("bf16", "use_distributed_optimizer", "padded_vocab_size", "load", "finetune")
+    }
+    logged: list[dict[str, Any]] = []
+    original_log = logging_utils.log
+
+    def log(args: Any, metrics: dict[str, Any], step_key: str) -> None:
+        logged.append({k: float(v) for k, v in metrics.items() if isinstance(v, int | float)})
+        original_log(args, metrics, step_key)
+
+    logging_utils.log = log
+    data_mod.ray = types.SimpleNamespace(get=lambda value: value)  # type: ignore[assignment]
+    rollout_mod.ray = types.SimpleNamespace(put=lambda value, **_: value)  # type: ignore[assignment]
+
+    cls = make_mopd_actor_cls()
+    actor = cls.__new__(cls)
+    actor._rank, actor._world_size = 0, 1
+    started = time.perf_counter()
+    start = actor.init(args, "actor")
+    backuper = actor.weights_backuper
+    report["init"] = {
+        "seconds": round(time.perf_counter() - started, 1),
+        "start_rollout_id": start,
+        "tags": sorted(backuper.backup_tags),
+        "active": actor._active_model_tag,
+        "optimizer": type(actor.optimizer).__name__,
+        "optimizers": [
+            type(o).__name__
+            for o in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])
+        ],
+        "param_dtypes": sorted({str(p.dtype) for p in actor.model[0].parameters()}),
+        "pinned": {
+            tag: all(t.is_pinned() for t in backuper.get(tag).values())
+            for tag in backuper.backup_tags
+        },
+        "gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3),
+        "offload_train": bool(getattr(args, "offload_train", False)),
+        "gpu_gb_after_init": round(torch.cuda.memory_allocated() / 1e9, 3),
+    }
+    samples = _samples(args, int(args.vocab_size))
+    refs = bare_manager(args)._split_train_data_by_dp(convert_samples_to_train_data(args, samples))
+    seen: dict[str, Any] = {}
+    original_train_actor = type(actor).train_actor
+
+    def spy(self: Any, rollout_id: int, rollout_data: dict[str, Any], external_data: Any = None):
+        # awake here (under --offload-train slime's train has woken the actor up)
+        before = {n: p.detach().clone() for n, p in self.model[0].named_parameters()}
+        restored: dict[str, bool] = {}
+        original_switch = self._switch_model
+
+        def switch(tag: str) -> None:
+            original_switch(tag)
+            if tag == "actor":
+                restored[str(len(restored))] = all(
+                    torch.equal(p, before[n]) for n, p in self.model[0].named_parameters()
+                )
+
+        self._switch_model = switch
+        out = original_train_actor(self, rollout_id, rollout_data, external_data)
+        seen["teacher_log_probs"] = [t.float().tolist() for t in rollout_data["teacher_log_probs"]]
+        seen["log_probs"] = [t.float().tolist() for t in rollout_data.get("log_probs", [])]
+        seen["student_restored_bitwise"] = restored
+        seen["changed_params"] = sum(
+            not torch.equal(p, before[n]) for n, p in self.model[0].named_parameters()
+        )
+        return out
+
+    type(actor).train_actor = spy  # type: ignore[method-assign]
+    started = time.perf_counter()
+    actor.train(0, refs)
+    torch.cuda.synchronize()
+    report["train"] = {
+        "seconds": round(time.perf_counter() - started, 1),
+        "asleep_after": bool(args.offload_train),
+        "gpu_gb_after": round(torch.cuda.memory_allocated() / 1e9, 3),
+        "logged": logged,
+        **seen,
+    }
+    return report
+
+
+def main() -> int:
+    if sys.argv[1] == "torch-dist":
+        _stand_ins()
+        from dressage.slime import torch_dist
+
+        return torch_dist.main(sys.argv[2:])
+    mode, work = sys.argv[1], Path(sys.argv[2])
+    work.mkdir(parents=True, exist_ok=True)
+    if mode == "train":
+        scenario = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+        try:
+            report = train(work, scenario)
+        except Exception:
+            report = {"error": traceback.format_exc()[-6000:]}
+        name = scenario.get("name", "train")
+        (work / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+        print(report["error"][-3000:] if "error" in report else json.dumps(report)[:4000])
+        return 0 if "error" not in report else 1
+    report = {"convert": convert(work)}
+    print(json.dumps(report["convert"], default=str)[:3000], flush=True)
+    for scenario in SCENARIOS:
+        env = _offload_env() if "--colocate" in scenario.get("extra", []) else {}
+        argv = [sys.executable, "-m", "tests.real_slime.gpu_rig", "train", str(work)]
+        log = work / f"{scenario['name']}.log"
+        report[scenario["name"]] = _run([*argv, json.dumps(scenario)], log, env=env)
+    (work / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    print(json.dumps(report, default=str)[:6000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

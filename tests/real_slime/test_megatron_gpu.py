@@ -1,0 +1,107 @@
+"""The GPU tier: slime's Megatron actor runs the project's MOPD actor with real Megatron.
+
+    SLIME_ROOT=... MEGATRON_LM_ROOT=... pytest -m megatron_gpu tests/real_slime/
+
+Runs tests/real_slime/gpu_rig.py (its docstring lists what is real and the stand-ins, each with
+its reason) in processes of its own and judges its reports:
+
+- the student and both teachers of the embedded config convert to ``torch_dist`` through slime's
+  Hugging Face loader and Megatron's ``save_checkpoint``, and the student comes back to Hugging
+  Face through slime's saver equal to its weights rounded to bf16;
+- ``MegatronTrainRayActor.init`` with the MOPD actor class builds the model and Megatron's
+  distributed optimizer in bf16, loads the student, and backs every teacher up in pinned host
+  memory; ``train`` scores each teacher's samples, restores the student bit for bit, and steps
+  the optimizer, for the sampled and the top-k objective.
+
+Without CUDA, ``SLIME_ROOT`` or ``MEGATRON_LM_ROOT`` it is skipped with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import megatron_lm_root
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _why_not() -> str | None:
+    if megatron_lm_root() is None:
+        return "MEGATRON_LM_ROOT is not set: the GPU tier needs Megatron-LM's megatron.training"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device: the GPU tier runs Megatron on a GPU"
+    return None
+
+
+pytestmark = [
+    pytest.mark.megatron_gpu,
+    pytest.mark.gpu,
+    pytest.mark.skipif(_why_not() is not None, reason=str(_why_not())),
+]
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("gpu_rig")
+    env = dict(os.environ)
+    paths = (str(REPO), env.get("SLIME_ROOT"), env.get("MEGATRON_LM_ROOT"), env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.real_slime.gpu_rig", "all", str(work)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report: dict[str, Any] = json.loads((work / "report.json").read_text())
+    for name in ("plain_sampled", "plain_topk", "colocate_offload"):
+        path = work / f"{name}.json"
+        report[name] = json.loads(path.read_text()) if path.is_file() else report.get(name)
+    return report
+
+
+def test_conversion_round_trip(rig: dict[str, Any]) -> None:
+    convert = rig["convert"]
+    for key in ("to_torch_dist:student", "to_torch_dist:calculator", "to_torch_dist:lookup"):
+        assert convert[key]["rc"] == 0, convert[key]
+    assert convert["to_hf:student"]["rc"] == 0, convert["to_hf:student"]
+    trip = convert["round_trip"]
+    assert trip["differ"] == {} and trip["keys_got"] == trip["keys_want"], trip
+
+
+@pytest.mark.parametrize("scenario", ["plain_sampled", "plain_topk", "colocate_offload"])
+def test_actor_init_and_train(rig: dict[str, Any], scenario: str) -> None:
+    report = rig[scenario]
+    assert "error" not in report, report.get("error")
+    init = report["init"]
+    assert init["tags"] == ["actor", "teacher:calculator", "teacher:lookup"]
+    assert init["active"] == "actor" and init["pinned"] == dict.fromkeys(init["tags"], True)
+    assert init["optimizers"] and set(init["optimizers"]) == {"DistributedOptimizer"}
+    assert init["param_dtypes"] == ["torch.bfloat16"]
+    train = report["train"]
+    assert train["student_restored_bitwise"] and all(train["student_restored_bitwise"].values())
+    assert train["changed_params"] > 0
+    assert len(train["teacher_log_probs"]) == 4  # four segments, each scored by its teacher
+    losses = [m for m in train["logged"] if "train/mopd_loss" in m]
+    assert losses and all(m["train/grad_norm"] > 0 for m in losses)
+
+
+def test_offload_changes_no_number(rig: dict[str, Any]) -> None:
+    """The colocated actor (asleep between calls, its memory paused by torch_memory_saver) trains
+    the same step as the plain one: same weights, same batch, same objective."""
+    plain, colocated = rig["plain_topk"]["train"], rig["colocate_offload"]["train"]
+    assert rig["colocate_offload"]["init"]["offload_train"] and colocated["asleep_after"]
+
+    def step(train: dict[str, Any]) -> dict[str, float]:
+        return next(m for m in train["logged"] if "train/mopd_loss" in m)
+
+    assert colocated["teacher_log_probs"] == plain["teacher_log_probs"]
+    for key in ("train/mopd_loss", "train/grad_norm"):
+        assert step(colocated)[key] == pytest.approx(step(plain)[key], rel=1e-6), key
