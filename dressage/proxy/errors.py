@@ -14,6 +14,7 @@ __all__ = [
     "BadRequest",
     "ClientClosedRequest",
     "Conflict",
+    "ConstraintDropped",
     "EngineFailure",
     "PauseCapExceeded",
     "ProxyError",
@@ -110,6 +111,15 @@ class EngineFailure(ProxyError):
         self.status = status
         if 400 <= status < 500:
             self.type = "invalid_request_error"
+
+
+class ConstraintDropped(ProxyError):
+    """A call needs a sampling key that the router in front of the engine drops
+    (:mod:`~dressage.proxy.router_fields`): the deployment, not the request, is at fault."""
+
+    status = 501
+    type = "server_error"
+    code = "constraint_dropped_by_router"
 
 
 class VocabularyMismatch(ProxyError):

@@ -64,6 +64,7 @@ from dressage.proxy.errors import (
 from dressage.proxy.generation_controller import Generation, GenerationController
 from dressage.proxy.limits import EngineContext, InputLimits, default_budget, input_chars
 from dressage.proxy.openai_api import ChatRequest, new_completion_id
+from dressage.proxy.router_fields import RouterFieldCheck
 from dressage.proxy.session_registry import (
     OpenSession,
     SessionRegistry,
@@ -155,6 +156,7 @@ class SessionManager(SessionRegistry):
         self.vocabulary = VocabularyCheck(
             controller.engine, tito.tokenizer, tokenizer_name=tokenizer_name(config)
         )
+        self.forwarded = RouterFieldCheck(controller.engine)
         self._stream_format = STREAM_FORMATS.get(tito.parser_family or "")
 
     # ------------------------------------------------------------------------------ a call
@@ -191,7 +193,7 @@ class SessionManager(SessionRegistry):
             raise
         return turn, context
 
-    def _sampling(
+    async def _sampling(
         self, request: ChatRequest, turn: Turn, context: EngineContext | None
     ) -> dict[str, Any]:
         stops = self.tito.stop_token_ids
@@ -218,6 +220,7 @@ class SessionManager(SessionRegistry):
             sampling["max_new_tokens"] = default_budget(
                 self.config.default_max_tokens, turn.prompt.length, context
             )
+        await self.forwarded.verified(sampling)  # a router must not drop the constraint
         return sampling
 
     def _keep_partial(self, session_id: str, request: ChatRequest) -> bool:
@@ -356,7 +359,7 @@ class SessionManager(SessionRegistry):
                     generation = await self.controller.generate(
                         session_id,
                         turn.prompt,
-                        self._sampling(request, turn, context),
+                        await self._sampling(request, turn, context),
                         request_id=completion_id,
                         keep_partial=self._keep_partial(session_id, request),
                         client_gone=request.client_gone,
@@ -402,7 +405,7 @@ class SessionManager(SessionRegistry):
                 deltas = self.controller.generate_stream(
                     session_id,
                     turn.prompt,
-                    self._sampling(request, turn, context),
+                    await self._sampling(request, turn, context),
                     request_id=completion_id,
                     keep_partial=self._keep_partial(session_id, request),
                     client_gone=request.client_gone,

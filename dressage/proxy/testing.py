@@ -34,7 +34,7 @@ from dressage.config.proxy import ProxyConfig
 from dressage.health import wait_healthy
 from dressage.serve_thread import serve_on_thread
 
-__all__ = ["EngineReply", "ScriptedEngine", "serve_app", "serve_proxy"]
+__all__ = ["EngineReply", "ScriptedEngine", "serve_app", "serve_proxy", "sglang_refusal"]
 
 
 @dataclass
@@ -54,6 +54,19 @@ class EngineReply:
 
 
 Script = Callable[[dict[str, Any]], EngineReply]
+
+
+def sglang_refusal(sampling: dict[str, Any]) -> str | None:
+    """The 400 SGLang answers before generating, for the two rules of ``SamplingParams.verify``
+    the proxy's router probe relies on (docs/sglang.md section 1.2): more than one grammar, and
+    a ``logit_bias`` id that is not a token id; None for anything else."""
+    grammars = [k for k in ("json_schema", "regex", "ebnf", "structural_tag") if sampling.get(k)]
+    if len(grammars) > 1:
+        return "Only one of json_schema, regex, ebnf, or structural_tag can be set."
+    bad = [k for k in sampling.get("logit_bias") or {} if not str(k).isdigit()]
+    if bad:
+        return f"logit_bias key {bad[0]!r} is not a token id in the vocabulary."
+    return None
 
 
 @dataclass
@@ -220,7 +233,12 @@ class ScriptedEngine:
             body = json.loads(raw)
         except ValueError:
             return None
-        return self.script(body) if isinstance(body, dict) else None
+        if not isinstance(body, dict):
+            return None
+        refusal = sglang_refusal(body.get("sampling_params") or {})
+        if refusal is not None:
+            return EngineReply([], http_status=400, error_body={"error": refusal})
+        return self.script(body)
 
     async def _hold(
         self, body: dict[str, Any], reply: EngineReply, writer: asyncio.StreamWriter

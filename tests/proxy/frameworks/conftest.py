@@ -96,7 +96,9 @@ def finish_session(proxy: Proxy, session: str) -> SessionReport:
     steps = admin.read_trajectory(session).steps
     segments = admin.finalize_session(session)
     assert steps, f"session {session} recorded nothing"
-    answers = {a["meta_info"]["id"]: a for a in proxy.wire.answers}
+    # a refused answer has no meta_info: the proxy's probes of a constraint key
+    # (dressage/proxy/router_fields.py), which the engine refuses by design
+    answers = {a["meta_info"]["id"]: a for a in proxy.wire.answers if "meta_info" in a}
     requests = {q["rid"].rsplit("-", 1)[0]: q for q in proxy.wire.requests}
     so_far: dict[int, list[int]] = {}
     for step in steps:
