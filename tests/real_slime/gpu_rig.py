@@ -2,6 +2,7 @@
 
     python -m tests.real_slime.gpu_rig all WORK_DIR         # every phase, a report per phase
     python -m tests.real_slime.gpu_rig train WORK_DIR SCENARIO_JSON
+    python -m tests.real_slime.gpu_rig record WORK_DIR      # train data recorded through the proxy
 
 Needs CUDA, slime (``SLIME_ROOT``) and Megatron-LM's training code (``MEGATRON_LM_ROOT``) on
 ``PYTHONPATH``, numpy 1.x (Megatron refuses 2.x), and the embedded config's tiny checkpoints in
@@ -26,9 +27,12 @@ tracked). The model is built with :mod:`dressage.slime.layer_spec` (Megatron's l
 TE's names and packed-sequence attention), since Transformer Engine does not travel either.
 Everything of Megatron, slime's actor, its ``TensorBackuper`` and its offload is the real code.
 
-Not yet here (issue 27): the train data is the converter's output for factory-made segments, not
-sessions recorded through the proxy, and no embedded-trainer numerics, learning curve or
-rotation bench run.
+Not yet here (issue 27): ``all`` trains on the converter's output for factory-made segments. The
+``record`` phase makes train data as a run does (the student's agent sessions through the proxy,
+``MopdDataSource``, the black-box dispatch, the reward hook; tested on CPU in
+test_megatron_parts.py), and a scenario with ``"data": "recorded"`` trains on it; ``all`` runs
+neither yet, since the proxy's store needs polars, whose wheel does not fit beside the tier's
+on the test machine. No embedded-trainer numerics, learning curve or rotation bench run yet.
 """
 
 from __future__ import annotations
@@ -230,6 +234,61 @@ def _train_argv(work: Path, scenario: dict[str, Any]) -> list[str]:
     return argv
 
 
+RECORDED = "recorded_samples.pt"
+PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 48}
+
+
+def record(work: Path, per_task: int = 2) -> dict[str, Any]:
+    """Train data as a run makes it: the student serves on the embedded engine (CPU) behind the
+    recording proxy; the embedded config's datasets give the prompts (``MopdDataSource``); the
+    black-box dispatch (``--custom-generate-function-path``) runs the tool agent through the
+    proxy and expands each session into samples; the reward hook scores the anchors. The
+    samples are saved to ``WORK/recorded_samples.pt`` for the ``train`` phase."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from dressage.engine.testing import serve_engine
+    from dressage.proxy.tito import create_tito_tokenizer
+    from dressage.reward.custom_rm import custom_rm
+    from dressage.rollout.data_source import MopdDataSource
+    from dressage.rollout.generate.blackbox_dispatch import generate
+    from tests.proxy.conftest import running_proxy
+
+    student = _checkpoints()["student"]
+    tito = create_tito_tokenizer(AutoTokenizer.from_pretrained(str(student)), "qwen3.5")
+    config = json.loads(EMBEDDED.read_text())
+    args = SimpleNamespace(
+        mopd_config=str(EMBEDDED),
+        n_samples_per_prompt=1,
+        rollout_seed=0,
+        dressage_agent="tool_user",
+        dressage_agent_attempts=1,
+        reward_modules=config.get("reward_modules"),
+    )
+    samples: list[Any] = []
+    with (
+        serve_engine(student, device="cpu", num_threads=1, context_length=2048) as engine,
+        running_proxy(engine, work / "store", tito, engine_retries=0) as url,
+    ):
+        args.dressage_proxy_url = url
+        groups = MopdDataSource(args).get_samples(per_task * len(config["datasets"]))
+        for (prompt,) in groups:
+            expanded = asyncio.run(generate(args, prompt, dict(PARAMS)))
+            anchor = expanded[-1]
+            anchor.reward = asyncio.run(custom_rm(args, anchor))
+            samples += expanded
+    torch.save(samples, work / RECORDED)
+    return {
+        "samples": len(samples),
+        "sessions": len({s.session_id for s in samples}),
+        "teachers": sorted({s.metadata.get("teacher_id") for s in samples}),
+        "response_tokens": sum(int(sum(s.loss_mask or [])) for s in samples),
+        "rewards": [s.reward for s in samples if s.reward is not None],
+    }
+
+
 def _samples(args: Any, vocab: int) -> list[Any]:
     from tests.rollout.factories import template, trajectory
 
@@ -301,7 +360,10 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
         "offload_train": bool(getattr(args, "offload_train", False)),
         "gpu_gb_after_init": round(torch.cuda.memory_allocated() / 1e9, 3),
     }
-    samples = _samples(args, int(args.vocab_size))
+    if scenario.get("data") == "recorded":
+        samples = torch.load(work / RECORDED, weights_only=False)
+    else:
+        samples = _samples(args, int(args.vocab_size))
     refs = bare_manager(args)._split_train_data_by_dp(convert_samples_to_train_data(args, samples))
     seen: dict[str, Any] = {}
     original_train_actor = type(actor).train_actor
@@ -344,6 +406,11 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
+    if sys.argv[1] == "record":
+        work = Path(sys.argv[2])
+        work.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(record(work)))
+        return 0
     if sys.argv[1] == "torch-dist":
         _stand_ins()
         from dressage.slime import torch_dist

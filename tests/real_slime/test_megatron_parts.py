@@ -232,3 +232,33 @@ def test_packed_attention_is_causal_attention_per_sequence(megatron_world: None)
     k2[9:16] += 1.0  # another sequence's keys change nothing in the first
     again = attention(q, k2, v, None, packed_seq_params=params)
     assert torch.equal(again[:9], out[:9]) and not torch.equal(again[9:16], out[9:16])
+
+
+def test_recorded_train_data_for_the_gpu_tier(tmp_path: Path) -> None:
+    """The GPU rig's ``record`` phase: the student's sessions through the proxy become slime
+    Samples, which the project's converter turns into train data for both teachers."""
+    import torch
+    from slime.utils.types import Sample
+
+    from dressage.rollout.convert_samples import convert_samples_to_train_data
+    from tests.real_slime.gpu_rig import RECORDED, record
+    from tests.rollout.factories import slime_args
+
+    summary = record(tmp_path, per_task=2)
+    assert summary["sessions"] == 4 and summary["teachers"] == ["calculator", "lookup"]
+    samples = torch.load(tmp_path / RECORDED, weights_only=False)
+    assert all(isinstance(s, Sample) for s in samples) and len(samples) == summary["samples"]
+    for s in samples:
+        assert max(s.tokens) < 704 and len(s.loss_mask) == s.response_length
+        assert 0 < sum(s.loss_mask) <= s.response_length  # tool results, if any, masked
+        assert len(s.rollout_log_probs) == s.response_length
+    args = slime_args(
+        advantage_estimator="mopd",
+        rewards_normalization=False,
+        n_samples_per_prompt=1,
+        global_batch_size=len(samples),
+        rollout_batch_size=4,
+    )
+    data = convert_samples_to_train_data(args, samples)
+    assert sorted(set(data["prompt"])) == ["calculator", "lookup"]  # the teacher ids
+    assert len(data["tokens"]) == len(samples)
