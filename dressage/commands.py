@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import difflib
 import importlib.metadata
+import logging
 import math
 import types
 import typing
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 __all__ = [
     "DefaultsHelpFormatter",
+    "RenamedFlag",
     "command_parser",
     "did_you_mean",
     "error_message",
@@ -83,6 +85,32 @@ def command_parser(prog: str, **kwargs: Any) -> argparse.ArgumentParser:
         "--version", action="version", version=f"dressage {version()}", help="print the version"
     )
     return parser
+
+
+class RenamedFlag(argparse.Action):
+    """The old spelling of a renamed flag: it still sets the new flag's value, and logs one
+    deprecation warning naming the new spelling.
+
+        p.add_argument("--engine-timeout", action=RenamedFlag, new="--engine-timeout-sec",
+                       dest="engine_timeout_s", type=float)
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any):
+        kwargs.setdefault("help", f"deprecated spelling of {new}")
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        logging.getLogger(__name__).warning(
+            "%s: %s is deprecated; use %s", parser.prog, option_string, self.new
+        )
+        setattr(namespace, self.dest, values)
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:

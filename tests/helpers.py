@@ -7,6 +7,8 @@ import math
 import os
 import random
 import socket
+import subprocess
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -58,6 +60,37 @@ def free_port() -> int:
 
 ENGINE_KEY = "engine-control-key-for-tests"
 """The control key of the test engines that tests pause, abort or update (loopback only)."""
+
+
+def first_line_with(stream: object, needle: str, timeout_s: float) -> str:
+    """The first line of a child process's text ``stream`` that holds ``needle``; AssertionError
+    with what it wrote instead when the stream ends or ``timeout_s`` passes first."""
+    found: list[str] = []
+    seen: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            if needle in line:
+                found.append(line)
+                break
+            seen.append(line)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    done.wait(timeout_s)
+    assert found, f"no line with {needle!r} in {timeout_s} s; it wrote: {''.join(seen)[-2000:]}"
+    return found[0]
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """Terminate a child service and reap it (kill it if it outstays 30 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -69,16 +69,15 @@ def test_a_subcommands_help_is_its_own(argv: list[str], capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as info:
         dressage_main(argv)
     assert info.value.code == 0
-    assert f"usage: {'dressage-proxy' if argv[0] == 'proxy' else 'dressage ' + argv[0]}" in (
-        capsys.readouterr().out
-    )
+    assert f"usage: dressage {argv[0]}" in capsys.readouterr().out
 
 
 def test_dressage_env_lists_the_proxys_variables(capsys: pytest.CaptureFixture[str]) -> None:
     assert dressage_main(["env"]) == 0
     out = capsys.readouterr().out
     assert "DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC=300\n" in out
-    assert "DRESSAGE_ENGINE_ADMIN_KEY=\n" in out and "DRESSAGE_PROXY_MODEL_NAME=dressage\n" in out
+    assert "DRESSAGE_ENGINE_ADMIN_KEY=\n" in out
+    assert "DRESSAGE_PROXY_SERVED_MODEL_NAME=dressage\n" in out
 
 
 def _listed(out: str) -> set[str]:
@@ -169,6 +168,7 @@ COMMANDS = {
     ("artifacts", "validate"): "dressage.staging.cli",
     ("artifacts", "show"): "dressage.staging.cli",
     ("engine", "serve"): "dressage.engine.cli",
+    ("proxy", "serve"): "dressage.config.proxy",
     ("mopd", "check"): "dressage.launch.preflight",
     ("mopd", "launch"): "dressage.launch.slime_command",
     ("assets",): "dressage.tiny.__main__",
@@ -220,3 +220,13 @@ def test_every_command_names_itself_and_explains_every_flag(
             shown = parser._get_formatter()._expand_help(action)  # type: ignore[attr-defined]
             assert "default" in shown.lower(), f"{action.option_strings} hides its default"
     assert "usage: " + parser.prog in text
+
+
+@pytest.mark.parametrize("words", [("proxy", "serve"), ("engine", "serve")], ids=" ".join)
+def test_the_serve_commands_print_the_version(
+    words: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        dressage_main([*words, "--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dressage {version()}"

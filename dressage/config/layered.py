@@ -17,6 +17,7 @@ naming where it came from (the flag or the variable) and the value (never a key'
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
@@ -48,13 +49,26 @@ class NamedVariables(EnvSettingsSource):
     """Each field from the variable ``names`` gives it (not prefix + field name); an empty
     variable is unset. The environment source of every layered settings class."""
 
-    def __init__(self, settings_cls: type[BaseSettings], names: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        settings_cls: type[BaseSettings],
+        names: Mapping[str, str],
+        renamed: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(settings_cls, case_sensitive=True, env_ignore_empty=True)
         self.names = names
+        self.renamed = renamed or {}
+        """Field -> the variable it was read from before its rename: still read when the new
+        one is unset, with a deprecation warning naming the new one."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         name = self.names[field_name]
-        return self.env_vars.get(name), name, self.field_is_complex(field)
+        value = self.env_vars.get(name)
+        old = self.renamed.get(field_name)
+        if value in (None, "") and old is not None and self.env_vars.get(old) not in (None, ""):
+            logging.getLogger(__name__).warning("%s is deprecated; set %s instead", old, name)
+            return self.env_vars[old], old, self.field_is_complex(field)
+        return value, name, self.field_is_complex(field)
 
 
 class LayeredSettings(BaseSettings):

@@ -5,7 +5,8 @@
 
 ``--port 0`` picks a free port. Once the engine accepts requests it prints one line,
 ``DRESSAGE_ENGINE_URL=http://HOST:PORT``, which :func:`dressage.engine.testing.serve_engine`
-(subprocess mode) and scripts can wait for.
+(subprocess mode) and scripts can wait for, and logs one line on stderr saying so (the URL, the
+model, its weight version), at info level whatever ``--log-level`` says.
 
 Keys come from the environment: ``DRESSAGE_ENGINE_ADMIN_KEY`` guards the control routes (pause,
 abort, weight updates; the proxy and the training job read the same variable), and
@@ -30,6 +31,8 @@ from dressage.config.env import env_secret
 from dressage.engine.config import ADMIN_KEY_ENV, API_KEY_ENV, EngineConfig
 
 READY_PREFIX = "DRESSAGE_ENGINE_URL="
+READY_LOGGER = "dressage.engine.ready"
+"""The logger of the one info line (on stderr) that says the engine serves, and where."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,21 +103,32 @@ def serve_main(argv: Sequence[str]) -> int:
         print(f"dressage engine serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    ready_log = logging.getLogger(READY_LOGGER)
+    ready_log.setLevel(logging.INFO)  # said whatever --log-level says of the rest
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
     port = sock.getsockname()[1]
     host = f"[{config.host}]" if ":" in config.host else config.host
 
-    def ready() -> None:
-        print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
+    url = f"http://{host}:{port}"
 
-    app = create_app(config, on_ready=ready)
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)  # the socket listens: /health answers now
+            if not self.should_exit:
+                print(f"{READY_PREFIX}{url}", flush=True)
+                ready_log.info(
+                    "dressage engine ready at %s: model %s, weight version %s",
+                    url, config.model_path, config.weight_version,
+                )  # fmt: skip
+
+    app = create_app(config)
     # The model, tokenizer and app live as long as the process: keep them out of the cyclic
     # GC's full collections, which would otherwise stall a decode step (and a pause).
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+    server = _Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
     server.run(sockets=[sock])
     return 0
 

@@ -44,7 +44,7 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from dressage.proxy.engine_answers import EngineError, EngineOutput
+from dressage.proxy.engine_answers import EngineError, EngineOutput, parse_version
 from dressage.proxy.engine_client import EngineClient, PromptIds
 
 __all__ = [
@@ -106,6 +106,13 @@ class Generation:
             matched = self.finish.get("matched")
             return matched if isinstance(matched, int | str) else None
         return None
+
+    @property
+    def recorded_version(self) -> int:
+        """The weight version recorded for the call's last output token (the step's
+        ``output_versions``): the engine's ``weight_version`` read as an int, so SGLang's
+        ``"default"`` is 0 (see :func:`~dressage.proxy.engine_answers.parse_version`)."""
+        return self.versions[-1] if self.versions else parse_version(self.weight_version)
 
     def add(self, out: EngineOutput) -> None:
         self.output_ids += out.output_ids

@@ -44,8 +44,9 @@ weight version (``version``; omitted: the engine's, from ``/model_info``, unless
 continues every worker (``/continue_generation``) and releases every held call; a version older
 than the proxy's is 409 and changes nothing; a resume while not paused is a 200 no-op
 (``was_paused: false``) that still syncs the version. A pause that is never resumed ends by
-itself after ``timeout_seconds`` (default ``--pause-timeout``, ``DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC``;
-at most :data:`~dressage.config.proxy.MAX_PAUSE_TIMEOUT_S`), with a warning. A pause the engine
+itself after ``timeout_seconds`` (default ``--pause-timeout-sec``,
+``DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC``; at most :data:`~dressage.config.proxy.MAX_PAUSE_TIMEOUT_S`),
+with a warning. A pause the engine
 refuses is a 503 naming the engine, and generation goes on. ``pause_state`` answers the state:
 paused or not, mode, reason, deadline, weight version, the calls parked, waiting and in flight,
 and the last pause and resume reports. All three routes take the admin key (when the proxy has

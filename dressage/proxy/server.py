@@ -35,7 +35,8 @@ whether it answered at start or only later (:mod:`~dressage.proxy.vocabulary`).
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413; bad
 bodies a JSON 400 naming the field (:mod:`~dressage.proxy.http_io`). Once the proxy accepts
-connections it prints ``DRESSAGE_PROXY_URL=http://HOST:PORT``; uvicorn's settings are in
+connections it prints ``DRESSAGE_PROXY_URL=http://HOST:PORT`` and logs one info line on stderr
+naming that URL and the engine's (:data:`READY_LOGGER`); uvicorn's settings are in
 :mod:`~dressage.proxy.serving`. Routes are thin: the chat routes are in
 :mod:`~dressage.proxy.chat_routes`, the work in :mod:`~dressage.proxy.sessions`.
 """
@@ -78,10 +79,20 @@ from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["READY_PREFIX", "SESSION_HEADERS", "create_app", "load_proxy_tokenizer", "main"]
+__all__ = [
+    "READY_LOGGER",
+    "READY_PREFIX",
+    "SESSION_HEADERS",
+    "create_app",
+    "load_proxy_tokenizer",
+    "main",
+]
 
 log = logging.getLogger(__name__)
 READY_PREFIX = "DRESSAGE_PROXY_URL="
+READY_LOGGER = "dressage.proxy.ready"
+"""The logger of the one info line (on stderr) that says the proxy serves, where, and in front of
+which engine."""
 VERSION = "dressage-proxy-0.1"
 _json = json_response
 
@@ -375,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if config.access_log:  # on by default, whatever --log-level says of the rest
         logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
+    ready_log = logging.getLogger(READY_LOGGER)
+    ready_log.setLevel(logging.INFO)  # said whatever --log-level says of the rest
     refusals: list[str] = []
 
     def refuse(sentence: str) -> None:  # the engine serves another vocabulary: stop, say why
@@ -394,8 +407,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     class _Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
-            if not self.should_exit:
+            if not self.should_exit:  # the socket listens: /health answers now
                 print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
+                ready_log.info(
+                    "dressage proxy ready at http://%s:%d, in front of the engine at %s "
+                    "(store %s)",
+                    host, port, config.engine_url_clean, config.store_dir,
+                )  # fmt: skip
 
     server = _Server(uvicorn_config(app, log_level=log_level))
     server.run(sockets=[sock])

@@ -133,6 +133,19 @@ class SessionRegistry:
         self._open.pop(session_id, None)
         return result
 
+    def _closing(
+        self, act: Callable[[str], Awaitable[Any]]
+    ) -> Callable[[str], Awaitable[tuple[bool, Any]]]:
+        """``act`` that also says whether it closed the session (it was open just before), so a
+        second finalize or discard of the same session is not counted again."""
+
+        async def closing(session_id: str) -> tuple[bool, Any]:
+            record = self.store.sessions.get(session_id)
+            was_open = record is None or record.status == "open"
+            return was_open, await act(session_id)
+
+        return closing
+
     async def finalize(self, session_id: str) -> list[Segment]:
         """Close the session (after any call in flight) and return its segments."""
         if not self.exists(session_id):
@@ -140,10 +153,11 @@ class SessionRegistry:
         record = self.store.sessions.get(session_id)
         if record is not None and record.status == "discarded":
             raise SessionClosed(f"session {session_id} was discarded; it has no segments")
-        segments: list[Segment] = await self._close(session_id, self.store.finalize)
+        closed_now, segments = await self._close(session_id, self._closing(self.store.finalize))
         self.controller.forget(session_id)
-        self.counters["finalized"] += 1
-        return segments
+        if closed_now:  # finalizing again returns the same segments and is not a new session
+            self.counters["finalized"] += 1
+        return list(segments)
 
     async def discard(self, session_id: str) -> int:
         """Drop the session; returns how many steps it had recorded."""
@@ -152,9 +166,10 @@ class SessionRegistry:
         record = self.store.sessions.get(session_id)
         if record is not None and record.status == "finalized":
             raise SessionClosed(f"session {session_id} is finalized; it cannot be discarded")
-        await self._close(session_id, self.store.discard)
+        closed_now, _ = await self._close(session_id, self._closing(self.store.discard))
         self.controller.forget(session_id)
-        self.counters["discarded"] += 1
+        if closed_now:
+            self.counters["discarded"] += 1
         record = self.store.sessions.get(session_id)
         return record.num_steps if record is not None else 0
 

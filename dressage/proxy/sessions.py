@@ -306,7 +306,7 @@ class SessionManager(SessionRegistry):
             prompt_tokens=prompt_end,
             completion_tokens=len(generation.output_ids),
             cached_tokens=generation.cached_tokens,
-            weight_version=generation.weight_version,
+            weight_version=str(generation.recorded_version),  # what the step records
             step=step,
             logprobs=(
                 token_logprobs(

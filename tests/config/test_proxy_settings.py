@@ -4,6 +4,8 @@ environment. (Flag and variable names are covered by tests/proxy/test_proxy_api.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from dressage.config.env import ENV, env_float
@@ -14,6 +16,7 @@ from dressage.config.proxy import (
     ProxyConfigError,
     ProxySettings,
     config_from_argv,
+    parser,
 )
 from dressage.training.proxy_pause_client import RolloutPause
 
@@ -40,7 +43,7 @@ def test_the_pause_timeout_default_is_one_value(monkeypatch: pytest.MonkeyPatch)
 
 def test_a_config_built_directly_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRESSAGE_PROXY_PORT", "9")
-    monkeypatch.setenv("DRESSAGE_PROXY_MODEL_NAME", "from-env")
+    monkeypatch.setenv("DRESSAGE_PROXY_SERVED_MODEL_NAME", "from-env")
     assert (ProxyConfig().port, ProxyConfig().served_model_name) == (8000, "dressage")
     layered, _ = config_from_argv(["--served-model-name", "from-flag"])
     assert isinstance(layered, ProxySettings) and isinstance(layered, ProxyConfig)
@@ -53,4 +56,45 @@ def test_a_bad_variable_names_itself_and_its_value(monkeypatch: pytest.MonkeyPat
         config_from_argv([])
     message = str(info.value)
     assert "engine_timeout_s" in message and "DRESSAGE_PROXY_ENGINE_TIMEOUT_SEC" in message
-    assert "'soon'" in message and "--engine-timeout" in message
+    assert "'soon' from --engine-timeout-sec or" in message
+
+
+def test_flags_and_variables_are_spelled_alike() -> None:
+    flags: dict[str, list[str]] = {}
+    for action in parser()._actions:
+        flags.setdefault(action.dest, []).extend(action.option_strings)
+    assert "--served-model-name" in flags["served_model_name"]
+    assert PROXY_ENV["served_model_name"] == "DRESSAGE_PROXY_SERVED_MODEL_NAME"
+    assert "--engine-timeout-sec" in flags["engine_timeout_s"]
+    assert PROXY_ENV["engine_timeout_s"] == "DRESSAGE_PROXY_ENGINE_TIMEOUT_SEC"
+    assert "--pause-timeout-sec" in flags["pause_timeout_s"]
+    assert PROXY_ENV["pause_timeout_s"] == "DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC"
+
+
+def test_old_spellings_still_work_and_name_the_new_ones(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("DRESSAGE_PROXY_SERVED_MODEL_NAME", raising=False)
+    monkeypatch.setenv("DRESSAGE_PROXY_MODEL_NAME", "old-name")
+    with caplog.at_level(logging.WARNING):
+        config, _ = config_from_argv(["--engine-timeout", "5", "--pause-timeout", "7"])
+    assert (config.engine_timeout_s, config.pause_timeout_s) == (5.0, 7.0)
+    assert config.served_model_name == "old-name"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("--engine-timeout is deprecated; use --engine-timeout-sec" in w for w in warnings)
+    assert any("--pause-timeout is deprecated; use --pause-timeout-sec" in w for w in warnings)
+    assert any(
+        "DRESSAGE_PROXY_MODEL_NAME is deprecated; set DRESSAGE_PROXY_SERVED_MODEL_NAME" in w
+        for w in warnings
+    )
+
+
+def test_the_new_variable_wins_over_the_old_one_without_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("DRESSAGE_PROXY_MODEL_NAME", "old-name")
+    monkeypatch.setenv("DRESSAGE_PROXY_SERVED_MODEL_NAME", "new-name")
+    with caplog.at_level(logging.WARNING):
+        config, _ = config_from_argv([])
+    assert config.served_model_name == "new-name"
+    assert not [r for r in caplog.records if "deprecated" in r.getMessage()]

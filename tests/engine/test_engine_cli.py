@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from dressage.engine.cli import config_from_args
+from dressage.engine.config import ADMIN_KEY_ENV
+from tests.helpers import ENGINE_KEY, first_line_with, stop
 
 
 @pytest.mark.unit
@@ -53,3 +59,29 @@ def test_serve_in_a_subprocess(tiny_model_path: Path) -> None:
         assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == "cli"
         info = httpx.get(f"{url}/server_info").json()
         assert info["device"] == "cpu" and info["host"] == "127.0.0.1"
+
+
+@pytest.mark.integration
+def test_serve_logs_one_ready_line_once_health_answers(tiny_model_path: Path) -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "dressage.cli",
+        "engine",
+        "serve",
+        "--model",
+        str(tiny_model_path),
+    ]
+    argv += ["--port", "0", "--device", "cpu", "--num-threads", "1", "--weight-version", "w3"]
+    env = {**os.environ, ADMIN_KEY_ENV: ENGINE_KEY}
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        line = first_line_with(proc.stderr, "dressage engine ready at ", timeout_s=300)
+        match = re.search(r"ready at (http://127\.0\.0\.1:\d+)", line)
+        assert match, line
+        assert httpx.get(f"{match[1]}/health", timeout=10).status_code == 200  # already answers
+        assert f"model {tiny_model_path}, weight version w3" in line
+    finally:
+        stop(proc)

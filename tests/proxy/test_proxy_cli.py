@@ -8,6 +8,7 @@ must start (argparse used to refuse ``qwen3_5`` with exit 2) and serve the ``qwe
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from dressage.proxy.server import READY_PREFIX
-from tests.helpers import free_port
+from tests.helpers import first_line_with, free_port, stop
 
 pytestmark = pytest.mark.integration
 
@@ -53,3 +54,20 @@ def test_the_console_script_help_lists_the_spellings() -> None:
     done = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "{qwen3.5,qwen3_5,qwen3,llama3,deepseek,generic}" in done.stdout
+
+
+def test_serve_logs_one_ready_line_once_health_answers(tmp_path: Path) -> None:
+    engine = f"http://127.0.0.1:{free_port()}"  # no engine needed: the proxy serves without one
+    argv = [sys.executable, "-m", "dressage.cli", "proxy", "serve", "--engine-url", engine]
+    argv += ["--port", "0", "--store-dir", str(tmp_path / "store")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = first_line_with(proc.stderr, "dressage proxy ready at ", timeout_s=300)
+        match = re.search(
+            r"ready at (http://127\.0\.0\.1:\d+), in front of the engine at (\S+)", line
+        )
+        assert match, line
+        assert httpx.get(f"{match[1]}/health", timeout=10).status_code == 200  # already answers
+        assert match[2] == engine
+    finally:
+        stop(proc)

@@ -100,3 +100,17 @@ def test_async_client(proxy: str) -> None:
     assert [s.finish_reason for s in segments] == ["tool_calls"]
     assert discarded == 1 and capabilities["model"] == "dressage"
     assert error.status == 404
+
+
+def test_closing_a_session_again_is_not_counted_again(proxy: str) -> None:
+    with SyncProxyClient(proxy, admin_key=ADMIN) as client:
+        before = client.stats()["counters"]
+        for session in ("twice-final", "twice-discard"):
+            client.chat_completions(session, [{"role": "user", "content": "x"}], max_tokens=4)
+        first = client.finalize_session("twice-final")
+        assert client.finalize_session("twice-final") == first  # the same segments again
+        assert client.discard_session("twice-discard") == 1
+        assert client.discard_session("twice-discard") == 1
+        after = client.stats()["counters"]
+    assert after.get("finalized", 0) - before.get("finalized", 0) == 1
+    assert after.get("discarded", 0) - before.get("discarded", 0) == 1

@@ -398,12 +398,12 @@ def test_the_default_timeout_and_the_cap_come_from_the_environment(
     monkeypatch.setenv("DRESSAGE_PROXY_MAX_PAUSES_PER_TRAJECTORY", "3")
     config, _ = config_from_argv([])
     assert (config.pause_timeout_s, config.max_pauses_per_trajectory) == (7.5, 3)
-    config, _ = config_from_argv(["--pause-timeout", "9", "--max-pauses-per-trajectory", "0"])
+    config, _ = config_from_argv(["--pause-timeout-sec", "9", "--max-pauses-per-trajectory", "0"])
     assert (config.pause_timeout_s, config.max_pauses_per_trajectory) == (9.0, 0)
     monkeypatch.delenv("DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC")
     assert config_from_argv([])[0].pause_timeout_s == 300.0
     with pytest.raises(ProxyConfigError, match="pause_timeout_s"):
-        config_from_argv(["--pause-timeout", "-1"])
+        config_from_argv(["--pause-timeout-sec", "-1"])
 
 
 @pytest.mark.unit
