@@ -384,7 +384,7 @@ def _thinking(body: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     effort = body.get("reasoning_effort")
     if effort is None:
         return kwargs
-    if effort not in _REASONING_EFFORTS:
+    if not isinstance(effort, str) or effort not in _REASONING_EFFORTS:  # a dict is unhashable
         raise BadRequest(
             f"reasoning_effort must be one of {sorted(_REASONING_EFFORTS)}, got {effort!r:.50}",
             param="reasoning_effort",

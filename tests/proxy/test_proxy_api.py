@@ -189,6 +189,8 @@ def test_defaults_leave_max_tokens_to_the_proxy_default() -> None:
         ({"messages": USER, "logit_bias": {"a": 1}}, "logit_bias"),
         ({"messages": USER, "logit_bias": {"5": 101}}, "logit_bias"),
         ({"messages": USER, "reasoning_effort": "max"}, "reasoning_effort"),
+        ({"messages": USER, "reasoning_effort": {"level": "low"}}, "reasoning_effort"),  # fuzz
+        ({"messages": USER, "reasoning_effort": ["low"]}, "reasoning_effort"),
         (
             {
                 "messages": USER,
