@@ -101,10 +101,19 @@ def _packed_attention_cls() -> type:
                 scale = scale * self.layer_number  # Megatron's softmax multiplies it back
             bounds = packed_seq_params.cu_seqlens_q.tolist()
             out = query.new_zeros(query.shape[0], query.shape[1] * query.shape[2])
+            groups = query.shape[1] // key.shape[1]
             for start, end in zip(bounds[:-1], bounds[1:], strict=True):
                 if end <= start:
                     continue
-                q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))
+                # [1, heads, tokens, dim]: torch's fused kernels (flash, memory-efficient) take
+                # 4-D input only, and its math fallback keeps a float32 [heads, L, L] score
+                # matrix per layer (4.3 GiB at 8k tokens); query head i reads key/value head
+                # i // groups, as Megatron shares them
+                q = query[start:end].transpose(0, 1).unsqueeze(0)
+                k, v = (
+                    t[start:end].repeat_interleave(groups, dim=1).transpose(0, 1).unsqueeze(0)
+                    for t in (key, value)
+                )
                 o = F.scaled_dot_product_attention(
                     q,
                     k,
@@ -112,9 +121,8 @@ def _packed_attention_cls() -> type:
                     is_causal=True,
                     scale=scale,
                     dropout_p=self.attention_dropout.p if self.training else 0.0,
-                    enable_gqa=True,
                 )
-                out[start:end] = o.transpose(0, 1).reshape(end - start, -1)
+                out[start:end] = o[0].transpose(0, 1).reshape(end - start, -1)
             return out
 
     return PackedSequenceDotProductAttention
