@@ -3,6 +3,8 @@
     .venv/bin/python bench/mopd_objective_cost.py                  # CPU, tiny shapes (~1 min)
     python bench/mopd_objective_cost.py --device cuda               # one H200 (a few minutes)
     python bench/mopd_objective_cost.py --device cuda --topk 16,1,64   # also sweep K
+    SLIME_ROOT=... MEGATRON_LM_ROOT=... python bench/mopd_objective_cost.py --device cuda \
+        --backend slime                         # the same step through slime's Megatron actor
 
 For the objectives ``sampled``, ``topk`` and ``dense`` (docs/mopd_objectives.md), one sample (a
 prompt and a response of L tokens) goes through the embedded trainer's path:
@@ -31,6 +33,15 @@ teacher twice: the pass's output and the loss's packed copy, plus what ``sampled
 same case) and the case is refused when that exceeds the free memory; a CUDA out-of-memory is
 reported per case. A vocabulary sweep at the shortest length shows dense growing with V while
 topk stays at sampled's memory. CPU runs report time only.
+
+``--backend slime`` times the whole MOPD step through slime's ``MegatronTrainRayActor`` with the
+project's MOPD actor (tests/real_slime/gpu_step.py, in processes of their own): a Megatron
+model of the same shape with Megatron's random initialisation, saved as ``torch_dist`` and
+loaded as the student and as one teacher (into slime's pinned ``TensorBackuper``); then per
+objective one warm-up and ``--repeats`` timed ``actor.train`` steps on one sample: the
+teacher's restore and pass, the student's log-prob pass, the loss, backward and the
+distributed optimizer's step, with slime's timers and the peak memory allocated. ``dense`` is
+refused by the actor at launch there; its row is the refusal and the bytes it would keep.
 
 The last line printed is the JSON verdict: topk (the first ``--topk``) against sampled at the
 longest length and the main vocabulary: time <= 1.15x and peak memory <= 1.10x, both.
@@ -484,6 +495,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up")
     parser.add_argument("--free-gb", type=float, help="memory free for dense (the device's)")
     parser.add_argument("--out", help="raw JSON (bench/results/mopd_objective_cost_<device>.json)")
+    parser.add_argument(
+        "--backend",
+        default="embedded",
+        choices=["embedded", "slime"],
+        help="the embedded trainer's path, or slime's Megatron actor (CUDA, SLIME_ROOT, "
+        "MEGATRON_LM_ROOT)",
+    )
     args = parser.parse_args()
     cuda = args.device == "cuda"
     args.vocab = args.vocab or (QWEN3_5_VOCAB if cuda else 4096)
@@ -498,7 +516,10 @@ def parse() -> argparse.Namespace:
         args.vocab // 2,
     ]
     args.sweep_vocabs = ints(args.sweep_vocabs) if args.sweep_vocabs else default_sweep
-    args.out = args.out or str(REPO / f"bench/results/mopd_objective_cost_{args.device}.json")
+    suffix = "_slime" if args.backend == "slime" else ""
+    args.out = args.out or str(
+        REPO / f"bench/results/mopd_objective_cost{suffix}_{args.device}.json"
+    )
     return args
 
 
@@ -539,6 +560,86 @@ def run_all(args: argparse.Namespace, device: torch.device) -> list[dict[str, An
     return rows
 
 
+def run_slime(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each objective's whole MOPD step through slime's actor, one row per (length, objective)
+    in this bench's row format (``total_ms`` the step, ``peak_gb`` its peak)."""
+    import tempfile
+
+    from tests.real_slime import gpu_step
+
+    why = gpu_step.missing()
+    if why:
+        raise SystemExit(f"--backend slime: {why}")
+    heads = max(1, args.hidden // 64)
+    shape = dict(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=3 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+    )
+    work = Path(tempfile.mkdtemp(prefix="mopd_cost_slime_"))
+    hf, checkpoint = gpu_step.prepare(work, shape)
+    k = args.topk[0]
+    objectives = [("sampled", None), *[("topk", kk) for kk in args.topk]]
+    spec = {
+        "name": "cost",
+        "hf": str(hf),
+        "student_load": str(checkpoint),
+        "teacher_load": str(checkpoint),
+        "teachers": 1,
+        "samples": 1,
+        "prompt": args.prompt,
+        "lengths": args.lengths,
+        "objective": "topk",  # the actor checks the top-k options at init; cases switch
+        "topk": k,
+        "repeats": args.repeats,
+        "cases": [
+            {
+                "length": length,
+                "teachers": 1,
+                "variants": [{"objective": obj, "topk": kk} for obj, kk in objectives],
+            }
+            for length in args.lengths
+        ],
+    }
+    gpu_step.phase("measure", str(work), json.dumps(spec), log=work / "measure.log")
+    report = json.loads((work / "cost.json").read_text())
+    print(f"slime actor: {report['init']['parameters'] / 1e6:.1f}M parameters; work in {work}")
+    rows: list[dict[str, Any]] = []
+    for case in report["cases"]:
+        name = label(case["objective"], case.get("topk") or 0)
+        row: dict[str, Any] = {"vocab": args.vocab, "length": case["length"], "objective": name}
+        if "refused" in case:
+            row["status"] = case["refused"]
+        else:
+            row.update(
+                total_ms=round(case["seconds"] * 1e3, 1),
+                peak_gb=round(case["peak_bytes"] / GB, 3),
+                above_weights_gb=round((case["peak_bytes"] - case["start_bytes"]) / GB, 3),
+                all_ms=[round(t * 1e3, 1) for t in case["all_seconds"]],
+            )
+        rows.append(row)
+    from dressage.training.mopd_actor import refuse_unsupported_objective
+
+    for length in args.lengths:
+        try:
+            refuse_unsupported_objective(argparse.Namespace(mopd_objective="dense"))
+            status = "dense ran"  # never: the actor refuses it
+        except ValueError as exc:
+            need = args.vocab * 4 * length / GB
+            status = f"refused at launch ({need:.1f} GB a sample kept): {exc}"
+        rows.append({"vocab": args.vocab, "length": length, "objective": "dense", "status": status})
+    print(HEADER)
+    for length in args.lengths:
+        case_rows = [r for r in rows if r["length"] == length]
+        with_ratios(case_rows)
+        for row in case_rows:
+            print_row(row)
+    return rows
+
+
 def main() -> None:
     args = parse()
     device = torch.device(args.device)
@@ -549,18 +650,33 @@ def main() -> None:
         print(f"device: {name}, {free_bytes(device) / GB:.1f} GB free")
     torch.manual_seed(0)
     started = time.perf_counter()
-    rows = run_all(args, device)
+    rows = run_slime(args) if args.backend == "slime" else run_all(args, device)
     names = ["sampled", label("topk", args.topk[0]), "dense"]
-    sweep = vocab_sweep(rows, args.sweep_length, names)
-    print(f"\nby vocabulary at L={args.sweep_length}: {json.dumps(sweep)}")
+    sweep = vocab_sweep(rows, args.sweep_length, names) if args.backend == "embedded" else {}
+    if sweep:
+        print(f"\nby vocabulary at L={args.sweep_length}: {json.dumps(sweep)}")
     summary = verdict(rows, args.vocab, args.lengths[-1], args.topk[0])
     summary["seconds"] = round(time.perf_counter() - started, 1)
+    summary["backend"] = args.backend
+    if args.backend == "slime":
+        summary["metric"] = summary["metric"].replace(
+            "teacher pass + loss step", "whole MOPD step through slime's Megatron actor"
+        )
     record = {
         "command": command,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "settings": {
             key: getattr(args, key)
-            for key in ("vocab", "hidden", "layers", "lengths", "prompt", "topk", "repeats")
+            for key in (
+                "backend",
+                "vocab",
+                "hidden",
+                "layers",
+                "lengths",
+                "prompt",
+                "topk",
+                "repeats",
+            )  # fmt: skip
         },
         "rows": rows,
         "vocab_sweep": sweep,

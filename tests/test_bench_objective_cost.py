@@ -71,3 +71,27 @@ def test_every_objective_runs_and_the_last_line_is_the_verdict(tmp_path: Path) -
     assert saved["vocab_sweep"]["vocab"] == [256, 512]
     dense_kept = [entry["kept_mb"] for entry in saved["vocab_sweep"]["dense"]]
     assert dense_kept[1] == pytest.approx(2 * dense_kept[0], rel=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["bench/mopd_objective_cost.py", "--backend", "slime"],
+            "--backend slime: no CUDA device: slime's Megatron actor runs on a GPU",
+        ),
+        (["bench/teacher_rotation_slime.py"], "bench/teacher_rotation_slime.py: no CUDA device"),
+    ],
+)
+def test_the_benches_through_slime_say_what_they_need(argv: list[str], says: str) -> None:
+    """Through slime's Megatron actor the benches need a GPU (and slime, Megatron-LM); without
+    one they stop with one sentence naming what is missing."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("SLIME_ROOT", "MEGATRON_LM_ROOT")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run(
+        [sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0
+    assert says in done.stderr

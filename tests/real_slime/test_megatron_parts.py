@@ -262,3 +262,54 @@ def test_recorded_train_data_for_the_gpu_tier(tmp_path: Path) -> None:
     data = convert_samples_to_train_data(args, samples)
     assert sorted(set(data["prompt"])) == ["calculator", "lookup"]  # the teacher ids
     assert len(data["tokens"]) == len(samples)
+
+
+@pytest.mark.skipif(
+    megatron_lm_root() is None,
+    reason="MEGATRON_LM_ROOT is not set: slime's parser needs Megatron-LM's megatron.training",
+)
+def test_the_step_benches_build_what_slime_parses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """tests/real_slime/gpu_step.py, as the slime-path benchmarks use it on the GPU: a Qwen3
+    folder of a given shape that slime's parser and its Hugging Face check accept with the
+    MOPD flags, four teachers in the MOPD config, and long samples that the project's
+    converter turns into train data in the teachers' order."""
+    from dressage.rollout.convert_samples import convert_samples_to_train_data
+    from dressage.training.mopd_train import parse_mopd_args
+    from tests.real_slime.gpu_step import _argv, _samples, write_model
+
+    shape = dict(
+        vocab_size=151936,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    hf = write_model(tmp_path / "hf", shape)
+    spec = {
+        "hf": str(hf),
+        "student_load": str(tmp_path / "td"),
+        "teacher_load": str(tmp_path / "td"),
+        "teachers": 4,
+        "samples": 4,
+        "prompt": 16,
+        "lengths": [32, 96],
+        "objective": "topk",
+        "topk": 8,
+        "optimizer": "sgd",
+    }
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    args = parse_mopd_args(_argv(tmp_path, spec))
+    assert (args.hidden_size, args.num_layers, args.vocab_size) == (256, 2, 151936)
+    assert (args.mopd_objective, args.mopd_topk, args.optimizer) == ("topk", 8, "sgd")
+    assert args.seq_length == 16 + 96 and args.global_batch_size == 4
+    config = json.loads((tmp_path / "mopd.json").read_text())
+    assert sorted(config["teachers"]) == ["t0", "t1", "t2", "t3"]
+    args.advantage_estimator = "mopd"
+    samples = _samples(args, 4, 2, 16, 96, 151936)
+    assert [s.metadata["teacher_id"] for s in samples] == ["t0", "t1", "t0", "t1"]
+    assert all(len(s.tokens) == 16 + 96 and sum(s.loss_mask) == 96 for s in samples)
+    data = convert_samples_to_train_data(args, samples)
+    assert data["prompt"] == ["t0", "t1", "t0", "t1"] and len(data["tokens"]) == 4
