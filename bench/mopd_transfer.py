@@ -9,6 +9,8 @@
         --eval-interval 10 --out R.json --plot R.png      # at scale (larger models), with curves
     python bench/mopd_transfer.py --merge S0.json S1.json S2.json --out R.json --plot R.png
                                                           # judge runs made apart (a seed a call)
+    python bench/mopd_transfer.py --compare TOPK.json DENSE.json SAMPLED.json --plot C.png
+                                                          # objectives side by side
 
 The embedded MOPD job itself (``python -m dressage.jobs.train`` against its own engine and
 recording proxy, the tool agent, the dense objective: what ``make demo`` runs), on
@@ -237,9 +239,19 @@ def main() -> int:
         help="run nothing: judge the runs of these --out files together (same config, steps, "
         "batch, learning rate, objective and K; their seeds and runs must not overlap)",
     )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="run nothing: the --out files of one setting under different objectives side by "
+        "side (configured accuracy per task, topk against dense, the swapped control)",
+    )
     args = parser.parse_args()
     if args.merge:
         return report(*merged_runs(args.merge), args)
+    if args.compare:
+        return compare(args.compare, args.plot)
 
     options = objective_options(args.objective, args.topk)
     config = json.loads(args.config.read_text())
@@ -353,6 +365,118 @@ def report(
         )
     print(json.dumps(verdict))
     return 0
+
+
+TOPK_SHARE_OF_DENSE = 0.95
+"""What ``topk`` must reach of ``dense``'s configured accuracy on each task (issue 26)."""
+SWAPPED_CEILING = 0.10
+"""What the swapped-routing control may reach on any task and still count as near 0."""
+
+
+def compare(files: list[Path], plot: Path | None) -> int:
+    """The objectives of ``files`` (one ``--out`` each, the same config, steps, batch, learning
+    rate and seeds) side by side; the last line is the JSON verdict."""
+    saved = {}
+    for path in files:
+        data = json.loads(path.read_text())
+        verdict = data["verdict"]
+        k = verdict.get("topk")
+        name = verdict.get("objective", "dense") + (str(k) if k is not None else "")
+        saved[name] = (data["runs"], verdict)
+    first = next(iter(saved.values()))[1]
+    for name, (_, verdict) in saved.items():
+        for key in ("config", "steps", "prompts_per_step", "lr", "seeds"):
+            if verdict.get(key) != first.get(key):
+                raise SystemExit(
+                    f"--compare: {name} has {key}={verdict.get(key)!r}, the first file "
+                    f"{first.get(key)!r}"
+                )
+    print(f"{first['config']}, {first['steps']} steps, seeds {first['seeds']}")
+    print(f"{'objective':<10} {'condition':<24} " + " ".join(f"{t:>18}" for t in TASKS))
+    for name, (_, verdict) in saved.items():
+        for condition, row in verdict["table"].items():
+            cells = " ".join(f"{row[t][0]:>10.0%} ± {row[t][1]:<5.0%}" for t in TASKS)
+            print(f"{name:<10} {condition:<24} {cells}")
+    topk = next((n for n in saved if n.startswith("topk")), None)
+    out: dict[str, Any] = {
+        "metric": f"{topk} configured held-out accuracy as a share of dense's, worst task",
+        "unit": "fraction of dense's accuracy",
+    }
+    if topk is None or "dense" not in saved:
+        raise SystemExit("--compare needs a topk file and a dense file")
+    dense_table, topk_table = saved["dense"][1]["table"], saved[topk][1]["table"]
+    shares = {
+        t: round(topk_table["configured"][t][0] / dense_table["configured"][t][0], 4)
+        if dense_table["configured"][t][0]
+        else None
+        for t in TASKS
+    }
+    worst = min((v for v in shares.values() if v is not None), default=None)
+    swapped = topk_table.get("swapped")
+    swapped_max = max(swapped[t][0] for t in TASKS) if swapped else None
+    out.update(
+        baseline=min(dense_table["configured"][t][0] for t in TASKS),
+        ours=min(topk_table["configured"][t][0] for t in TASKS),
+        ratio=worst,
+        target=TOPK_SHARE_OF_DENSE,
+        met=bool(
+            worst is not None
+            and worst >= TOPK_SHARE_OF_DENSE
+            and swapped_max is not None
+            and swapped_max <= SWAPPED_CEILING
+        ),
+        share_of_dense=shares,
+        swapped_max=swapped_max,
+        swapped_ceiling=SWAPPED_CEILING,
+        configured={
+            name: {t: verdict["table"]["configured"][t] for t in TASKS}
+            for name, (_, verdict) in saved.items()
+        },
+        seeds=first["seeds"],
+        steps=first["steps"],
+        config=first["config"],
+    )
+    if plot:
+        plot_objectives({n: runs for n, (runs, _) in saved.items()}, plot, first)
+    print(json.dumps(out))
+    return 0
+
+
+def plot_objectives(
+    runs: dict[str, list[dict[str, Any]]], out: Path, settings: dict[str, Any]
+) -> None:
+    """Per task, the configured runs' held-out accuracy and held-out reverse KL to the task's
+    teacher, the mean over seeds per objective (the seeds' range shaded)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 8), layout="constrained")
+    axes = fig.subplots(2, len(TASKS), squeeze=False)
+    colours = {"dense": "tab:blue", "sampled": "tab:grey"}
+    for column, task in enumerate(TASKS):
+        for row, (key, what) in enumerate(
+            (("accuracy_curves", "held-out accuracy"), ("heldout_kl_curves", "held-out reverse KL"))
+        ):
+            ax = axes[row][column]
+            for name, results in runs.items():
+                curves = [r[key].get(task, []) for r in results if r["condition"] == "configured"]
+                curves = [c for c in curves if c]
+                if not curves:
+                    continue
+                steps = [step + 1 for step, _ in curves[0]]
+                values = [[v for _, v in c] for c in curves if len(c) == len(steps)]
+                mean = [statistics.fmean(col) for col in zip(*values, strict=True)]
+                colour = colours.get(name, "tab:green")
+                ax.plot(steps, mean, color=colour, label=f"{name} ({len(values)} seeds)")
+                low = [min(col) for col in zip(*values, strict=True)]
+                high = [max(col) for col in zip(*values, strict=True)]
+                ax.fill_between(steps, low, high, color=colour, alpha=0.15)
+            ax.set_title(f"{task}: {what}, configured routing")
+            ax.set_xlabel("steps trained")
+            if key == "accuracy_curves":
+                ax.set_ylim(-0.02, 1.02)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{Path(settings['config']).name}: MOPD objectives, {settings['steps']} steps")
+    fig.savefig(out, dpi=90)
 
 
 if __name__ == "__main__":

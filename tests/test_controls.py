@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -178,3 +179,91 @@ def test_merge_refuses_files_of_another_objective_or_k(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("objective topk, K = 4\n")
     assert json.loads(done.stdout.strip().splitlines()[-1])["topk"] == 4
+
+
+# -- bench/mopd_transfer.py --compare: the objectives of one setting side by side ---------------
+
+
+def _objective_file(
+    tmp_path: Path, objective: str, calculator: float, *, topk: int | None = None, **over: Any
+) -> Path:
+    """One --out file of ``objective`` whose configured runs reach ``calculator`` (lookup 1.0);
+    ``over``: a setting that differs from the others'."""
+    table = {
+        "configured": {"calculator": [calculator, 0.03], "lookup": [1.0, 0.0]},
+        "swapped": {"calculator": [0.04, 0.03], "lookup": [0.0, 0.0]},
+        "no_training": {"calculator": [0.0, 0.0], "lookup": [0.0, 0.0]},
+    }
+    verdict = {
+        "config": "configs/mopd/scale.json",
+        "steps": 150,
+        "prompts_per_step": 32,
+        "lr": 1e-3,
+        "seeds": [0, 1, 2],
+        "objective": objective,
+        "topk": topk,
+        "table": table,
+        **over,
+    }
+    curve = [[-1, 0.0], [9, calculator]]
+    runs = [
+        {
+            "condition": "configured",
+            "seed": seed,
+            "accuracy_curves": {"calculator": curve, "lookup": curve},
+            "heldout_kl_curves": {"calculator": [[-1, 2.0], [9, 0.3]], "lookup": []},
+        }
+        for seed in (0, 1, 2)
+    ]
+    path = tmp_path / f"{objective}{topk or ''}.json"
+    path.write_text(json.dumps({"runs": runs, "verdict": verdict}))
+    return path
+
+
+def _compare(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "bench/mopd_transfer.py", "--compare", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_compare_judges_topk_against_dense_on_each_task(tmp_path: Path) -> None:
+    dense = _objective_file(tmp_path, "dense", 0.72)
+    sampled = _objective_file(tmp_path, "sampled", 0.0)
+    close = _objective_file(tmp_path, "topk", 0.70, topk=16)
+    png = tmp_path / "c.png"
+    done = _compare(str(close), str(dense), str(sampled), "--plot", str(png))
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict["share_of_dense"] == {"calculator": round(0.70 / 0.72, 4), "lookup": 1.0}
+    assert verdict["ratio"] == round(0.70 / 0.72, 4) and verdict["met"] is True
+    assert verdict["configured"]["sampled"]["calculator"] == [0.0, 0.03]
+    assert png.stat().st_size > 10_000
+    far = _objective_file(tmp_path, "topk", 0.60, topk=8)  # 83% of dense's calculator
+    verdict = json.loads(_compare(str(far), str(dense)).stdout.strip().splitlines()[-1])
+    assert verdict["met"] is False and verdict["share_of_dense"]["calculator"] == 0.8333
+
+
+def test_compare_refuses_files_of_another_setting(tmp_path: Path) -> None:
+    dense = _objective_file(tmp_path, "dense", 0.72, steps=100)
+    topk = _objective_file(tmp_path, "topk", 0.70, topk=16)
+    done = _compare(str(topk), str(dense))
+    assert done.returncode != 0
+    assert "--compare: dense has steps=100, the first file 150" in done.stderr
+    done = _compare(str(_objective_file(tmp_path, "sampled", 0.0)), str(topk))
+    assert done.returncode != 0 and "--compare needs a topk file and a dense file" in done.stderr
+
+
+def test_the_recorded_scale_comparison_is_what_its_files_say() -> None:
+    """bench/results' at-scale files (issue 26, part 4) give the verdict docs/results.md quotes."""
+    results = REPO / "bench" / "results"
+    done = _compare(
+        *(str(results / f"mopd_scale_{o}_cuda.json") for o in ("topk16", "dense", "sampled"))
+    )
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict["met"] is True and verdict["share_of_dense"]["lookup"] == 1.0
+    assert verdict["share_of_dense"]["calculator"] >= 0.95 and verdict["swapped_max"] <= 0.1
