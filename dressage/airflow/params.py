@@ -120,9 +120,9 @@ def training_params(*, objective: str) -> dict[str, Param]:
             description="fresh: the config's student, from the first prompt. latest: the "
             "student the last successful run of this DAG published, with its data position "
             "(fresh when there is none). Or a checkpoint: a run's output/checkpoints folder, one "
-            "iter_XXXXXXX folder in it, or a file:// URL. Empty: latest for scheduled runs on "
-            "the embedded backend, fresh otherwise. The ray backend takes fresh only (a "
-            "retried ray job resumes its own checkpoint).",
+            "iter_XXXXXXX folder in it, or a file:// URL. Empty: latest for scheduled runs, "
+            "fresh otherwise. On the ray backend a slime run's checkpoint: its weights and "
+            "data position, a fresh optimizer.",
             examples=["fresh", "latest", "runs/dressage_mopd/RUN/output/checkpoints"],
         ),
         "steps": _number(4, n["steps"], "Optimizer steps of the run, one rollout batch each."),

@@ -101,16 +101,15 @@ def plan_run(context: Context, *, objective: str, project_dir: Path) -> dict[str
 def continue_from(context: Context, plan: RunPlan, project_dir: Path) -> dict[str, Any]:
     """The ``continue_from`` Param resolved to a checkpoint folder (``RunPlan`` fields).
 
-    Empty means ``latest`` for a scheduled run on the embedded backend and ``fresh``
-    otherwise. ``latest`` is the newest event of the DAG's student Asset
-    (:data:`~dressage.airflow.assets.STUDENTS`) that this DAG published with a checkpoint; with
-    none, the run starts fresh. A checkpoint that is not there (named, or published and since
-    removed) fails the plan in one sentence."""
+    Empty means ``latest`` for a scheduled run and ``fresh`` otherwise. ``latest`` is the
+    newest event of the DAG's student Asset (:data:`~dressage.airflow.assets.STUDENTS`) that
+    this DAG published with a checkpoint; with none, the run starts fresh. A checkpoint that
+    is not there (named, or published and since removed) fails the plan in one sentence; so
+    does, on the ray backend, one saved without its data position."""
     value = str(context["params"].get("continue_from") or "").strip()
-    if not value:  # the ray backend resumes its own checkpoints only (advanced_problems)
+    if not value:
         run_type = str(getattr(context.get("dag_run"), "run_type", "") or "")
-        scheduled = run_type.lower().endswith("scheduled") and plan.backend == "embedded"
-        value = "latest" if scheduled else "fresh"
+        value = "latest" if run_type.lower().endswith("scheduled") else "fresh"
     if value == "fresh":
         return {"continue_from": None, "continue_mode": "fresh", "parent_run": None}
     parent = None
@@ -122,7 +121,7 @@ def continue_from(context: Context, plan: RunPlan, project_dir: Path) -> dict[st
         value, parent = found
     elif "://" not in value:
         value = str(resolve_path(value, project_dir))
-    folder = _checkpoint_folder(value)
+    folder = _checkpoint_folder(value, plan.backend)
     log.info("continue_from: %s (published by %s)", folder, parent or "-")
     mode = "latest" if parent is not None else "checkpoint"
     return {"continue_from": str(folder), "continue_mode": mode, "parent_run": parent}
@@ -139,14 +138,35 @@ def _latest_student(context: Context, plan: RunPlan) -> tuple[str, str | None] |
     return None
 
 
-def _checkpoint_folder(value: str) -> Path:
+def latest_run_checkpoint(root: Path, backend: str) -> Path | None:
+    """The newest complete checkpoint under ``root`` in the backend's format: the embedded
+    trainer's (:func:`~dressage.training.embedded.checkpoint.latest_checkpoint`), or a slime
+    run's Megatron checkpoint (its tracker's iteration folder); None when there is none.
+
+    Raises:
+        CheckpointError: an embedded checkpoint folder that cannot be read.
+    """
+    from dressage.training.embedded.checkpoint import latest_checkpoint
+
+    if backend != "ray":
+        return latest_checkpoint(root)
+    from dressage.slime.continue_from import ContinueError, megatron_checkpoint
+
+    try:
+        top, iteration = megatron_checkpoint(root)
+    except ContinueError:
+        return None
+    return top / f"iter_{iteration:07d}"
+
+
+def _checkpoint_folder(value: str, backend: str) -> Path:
     """The complete checkpoint ``value`` names, or the plan fails saying why."""
     from dressage.training.checkpoints import CheckpointError
-    from dressage.training.embedded.checkpoint import checkpoint_location, latest_checkpoint
+    from dressage.training.embedded.checkpoint import checkpoint_location
 
     try:
         root = checkpoint_location(value)
-        folder = latest_checkpoint(root) if root.exists() else None
+        folder = latest_run_checkpoint(root, backend) if root.exists() else None
     except CheckpointError as exc:
         raise AirflowFailException(f"Continue from (continue_from): {exc}") from None
     if folder is None:
@@ -155,6 +175,16 @@ def _checkpoint_folder(value: str) -> Path:
             f"Continue from (continue_from): {value} {where}; name a run's output/checkpoints "
             "folder, or enter fresh or latest"
         )
+    if backend == "ray":
+        from dressage.slime.continue_from import data_state_path
+
+        iteration = int(folder.name.split("_")[1])
+        state = data_state_path(folder.parent, iteration)
+        if not state.is_file():
+            raise AirflowFailException(
+                f"Continue from (continue_from): {folder} has no data position ({state} does "
+                "not exist), so the run could not continue that run's prompts"
+            )
     return folder
 
 
@@ -434,10 +464,9 @@ def published_student(plan: RunPlan) -> dict[str, Any]:
     parent run."""
     from dressage.reporting.metrics import ACCURACY, read_metrics, series
     from dressage.training.checkpoints import CheckpointError
-    from dressage.training.embedded.checkpoint import latest_checkpoint
 
     try:
-        checkpoint = latest_checkpoint(plan.output_dir / "checkpoints")
+        checkpoint = latest_run_checkpoint(plan.output_dir / "checkpoints", plan.backend)
     except CheckpointError as exc:
         log.warning("no checkpoint to publish: %s", exc)
         checkpoint = None

@@ -148,8 +148,10 @@ class JobOptions(BaseModel):
     """A checkpoint of an earlier run (its ``checkpoints/`` folder, one ``iter_XXXXXXX`` folder
     in it, or a ``file://`` URL of either) to start this run from: its student, AdamW's state
     and its data position (the prompts it had handed out but not trained come first); this
-    run's own steps, schedule and metrics start at 0. The embedded backend; a checkpoint of
-    this run's own (a rerun) takes precedence. The training DAGs set it from ``continue_from``."""
+    run's own steps, schedule and metrics start at 0; a checkpoint of this run's own (a rerun)
+    takes precedence. On the ray backend it is a slime run's checkpoint and slime's rules apply:
+    the student's weights and the data position, without the optimizer's state
+    (:mod:`dressage.slime.continue_from`). The training DAGs set it from ``continue_from``."""
     cluster: ClusterOptions = ClusterOptions()
     """The ray backend's parallelism, GPUs, W&B and further slime flags."""
 
@@ -241,12 +243,6 @@ def advanced_problems(run: TrainRunConfig) -> list[str]:
         problems.append(str(exc))
     if run.backend == "ray" and run.objective == "mopd":
         problems += [problem.message for problem in _slime_objective_problems(options)]
-    if run.backend == "ray" and options.continue_from:
-        problems.append(
-            "advanced.continue_from: the ray backend cannot start from another run's checkpoint "
-            "yet (a resubmitted job resumes its own through --load); use the embedded backend "
-            "or leave it empty"
-        )
     return problems
 
 

@@ -132,13 +132,17 @@ def cluster_plan(
     optimizer: Sequence[str] = (),
     rollout: Sequence[str] = (),
     save_interval: int | None = None,
+    continue_from: str | None = None,
 ) -> ClusterPlan:
     """Validate and build (raises :class:`~dressage.config.mopd.MopdConfigError` for MOPD).
     ``optimizer``: slime flags (:func:`optimizer_flags`) placed before ``cluster.extra_args``,
     which can still override them; ``rollout``: the partial rollout's (:func:`rollout_flags`),
     for GRPO with partial rollout (MOPD's driver runs slime's own rollout); ``save_interval``:
     slime's ``--save-interval`` (default: once, after the last step). Both commands save to and
-    load from ``output_dir/checkpoints``, so the same job submitted again resumes."""
+    load from ``output_dir/checkpoints``, so the same job submitted again resumes.
+    ``continue_from``: an earlier run's slime checkpoint (a folder or a ``file://`` URL) this
+    run starts from when it has none of its own (``--dressage-continue-from``,
+    :mod:`dressage.slime.continue_from`)."""
     out = Path(run.output_dir)
     proxy_url = f"http://{host}:{cluster.proxy_port}"
     router = ["--sglang-router-ip", host, "--sglang-router-port", str(cluster.router_port)]
@@ -149,6 +153,11 @@ def cluster_plan(
     if partial_rollout:
         proxy_argv += ["--dressage-partial-rollout", "--record-token-versions"]
     tail = [*router, "--dressage-proxy-url", proxy_url]
+    if continue_from:
+        from dressage.slime.continue_from import CONTINUE_FLAG
+        from dressage.training.embedded.checkpoint import checkpoint_location
+
+        tail += [CONTINUE_FLAG, str(checkpoint_location(continue_from))]
     if run.objective == "mopd":
         from dressage.launch.slime_command import build_mopd_job, write_job_files
 

@@ -120,6 +120,7 @@ def run_cluster_job(run: TrainRunConfig, options: JobOptions) -> int:
             optimizer=[*optimizer_flags(options), *grpo_loss_flags(options)],
             rollout=rollout_flags(options),
             save_interval=options.save_interval,
+            continue_from=options.continue_from,
         )
         return run_on_cluster(plan)
     except (MopdConfigError, ValueError) as exc:

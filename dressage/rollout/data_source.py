@@ -213,7 +213,16 @@ class MopdDataSource:
         tmp.replace(path)  # atomic: a crash never leaves half a state file
 
     def load(self, rollout_id: int | None = None) -> None:
-        """Restore from ``args.load``: the given rollout's state, else the latest saved one."""
+        """Restore from ``args.load``: the given rollout's state, else the latest saved one.
+
+        At a run's start (slime asks for rollout ``start_rollout_id - 1``, -1 for a run that
+        starts from nothing of its own) a run continuing an earlier one
+        (``--dressage-continue-from``, :mod:`dressage.slime.continue_from`) takes the position
+        that run saved with its checkpoint."""
+        continued = getattr(self.args, "dressage_continue_state", None)
+        if continued and rollout_id is not None and rollout_id < 0:
+            self.load_state_dict(json.loads(Path(continued).read_text()))
+            return
         root = getattr(self.args, "load", None)
         if not root:
             return

@@ -182,8 +182,12 @@ def add_dressage_arguments(parser: argparse._ActionsContainer) -> None:
     """Register dressage's converter flags on a parser or argument group.
 
     slime's ``parse_args(add_custom_arguments=...)`` hooks call it (the parser, or the group
-    they made), so every entry point that can run the converter accepts the same flags.
+    they made), so every entry point that can run the converter accepts the same flags, and
+    ``--dressage-continue-from`` (:mod:`dressage.slime.continue_from`).
     """
+    from dressage.slime.continue_from import add_continue_argument
+
+    add_continue_argument(parser)
     parser.add_argument(
         PROMPT_EQUAL_FLAG,
         dest=_PROMPT_EQUAL_ATTR,

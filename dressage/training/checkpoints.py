@@ -540,6 +540,22 @@ def validate_mopd_checkpoints(
     return problems
 
 
+def continued_checkpoint_problems(
+    hf_checkpoint: str | None, load: str, ckpt_step: int | None
+) -> list[Problem]:
+    """Why the earlier run's Megatron checkpoint at ``load`` (iteration ``ckpt_step``) cannot
+    start this run's student ([] when it can): unreadable, torn, or another model (hidden size,
+    depth, vocabulary rows, tensor shapes) than ``hf_checkpoint``."""
+    problems: list[Problem] = []
+    if not hf_checkpoint:
+        return [Problem("continue_from", "no --hf-checkpoint to compare the checkpoint with")]
+    student = _inspect_or_report("student hf_checkpoint", hf_checkpoint, None, None, problems)
+    info = _inspect_or_report("continue_from", load, ckpt_step, hf_checkpoint, problems)
+    if student is not None and info is not None:
+        problems += same_model_problems("continue_from", info, student)
+    return problems
+
+
 def _inspect_or_report(
     subject: str,
     value: str | None,

@@ -46,6 +46,7 @@ from dressage.config.mopd import (
     validate_mopd_run,
 )
 from dressage.slime.args import add_dressage_arguments
+from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 from dressage.slime.periodic import PeriodicAction, periodic_action
 
@@ -152,6 +153,7 @@ def parse_mopd_args(argv: Sequence[str] | None = None) -> Any:
     # Megatron's parser reads sys.argv itself.
     sys.argv = [sys.argv[0], *with_mopd_defaults(sys.argv[1:] if argv is None else argv)]
     args = parse_args(add_custom_arguments=add_mopd_arguments)
+    apply_continue_from(args)
     args.advantage_estimator = "mopd"
     if args.mopd_metrics_dir is None:
         args.mopd_metrics_dir = str(Path(args.save or ".") / "metrics")
@@ -163,7 +165,10 @@ def check_config_and_checkpoints(args: Any) -> None:
     environment set), the objective against slime's options (``dense`` is embedded-only, what
     ``topk`` cannot run with), and the student and teacher checkpoints the config and ``args``
     name (with ``topk``, K against the student's vocabulary)."""
-    from dressage.training.checkpoints import validate_mopd_checkpoints
+    from dressage.training.checkpoints import (
+        continued_checkpoint_problems,
+        validate_mopd_checkpoints,
+    )
 
     config = load_mopd_config(args.mopd_config)
     report = validate_mopd_run(config, args)
@@ -177,6 +182,10 @@ def check_config_and_checkpoints(args: Any) -> None:
         ckpt_step=getattr(args, "ref_ckpt_step", None),
         mopd_topk=topk if getattr(args, "mopd_objective", None) == "topk" else None,
     )
+    if getattr(args, "dressage_continue_state", None):  # --dressage-continue-from, applied
+        report.problems += continued_checkpoint_problems(
+            getattr(args, "hf_checkpoint", None), args.load, args.ckpt_step
+        )
     report.raise_if_failed("MOPD run")
 
 
@@ -289,10 +298,10 @@ def train(args: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_mopd_args(argv)
     try:
+        args = parse_mopd_args(argv)
         check_config_and_checkpoints(args)
-    except MopdConfigError as exc:
+    except (MopdConfigError, ContinueError) as exc:
         print(exc, file=sys.stderr)
         return 2
     train(args)

@@ -52,6 +52,7 @@ from typing import Any, ClassVar, Protocol
 
 from dressage.config.mopd import unsupported_slime_options
 from dressage.slime.args import add_dressage_arguments, loop_args
+from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.periodic import periodic_action
 from dressage.training.proxy_pause_client import RolloutPause, update_weights_with_pause
 
@@ -252,6 +253,16 @@ def add_rollout_pause_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     return parser
 
 
+def _continued_problems(args: Any) -> list[str]:
+    """What keeps the checkpoint ``--dressage-continue-from`` named from starting this student."""
+    if not getattr(args, "dressage_continue_state", None):
+        return []
+    from dressage.training.checkpoints import continued_checkpoint_problems
+
+    found = continued_checkpoint_problems(args.hf_checkpoint, args.load, args.ckpt_step)
+    return [str(problem) for problem in found]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from slime.utils.arguments import parse_args
 
@@ -259,7 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is not None:  # Megatron's parser reads sys.argv itself
         sys.argv = [sys.argv[0], *argv]
     args = parse_args(add_custom_arguments=add_rollout_pause_arguments)
-    problems = unsupported_slime_options(args)
+    try:
+        apply_continue_from(args)
+    except ContinueError as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    problems = [*unsupported_slime_options(args), *_continued_problems(args)]
     if problems:  # before any Ray actor exists
         print("\n".join(f"refused: {p}" for p in problems), file=sys.stderr)
         return 2

@@ -227,3 +227,50 @@ def test_a_checkpoint_that_is_not_there_fails_the_plan_in_one_sentence(
     with pytest.raises(AirflowFailException, match="Continue from") as failed:
         continue_from(_context({"continue_from": value}, "manual", []), _plan(tmp_path), tmp_path)
     assert needle in str(failed.value) and "\n" not in str(failed.value)
+
+
+def _slime_checkpoint(root: Path, iteration: int = 4, *, data: bool = True) -> Path:
+    """A slime run's checkpoint folder as the plan reads it: Megatron's tracker and iteration
+    folder, and the data source's position saved with it."""
+    folder = root / "checkpoints" / f"iter_{iteration:07d}"
+    folder.mkdir(parents=True)
+    (root / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    if data:
+        state = root / "checkpoints" / "rollout" / f"dressage_data_source_{iteration}.json"
+        state.parent.mkdir()
+        state.write_text("{}")
+    return folder
+
+
+def test_the_ray_backend_continues_a_slime_runs_checkpoint(tmp_path: Path) -> None:
+    """On the ray backend ``continue_from`` names a slime run's Megatron checkpoint; an empty
+    value of a scheduled run is its latest published one, as on the embedded backend."""
+    plan = _plan(tmp_path).model_copy(update={"backend": "ray"})
+    folder = _slime_checkpoint(tmp_path / "earlier")
+    got = continue_from(
+        _context({"continue_from": "earlier/checkpoints"}, "manual", []), plan, tmp_path
+    )
+    assert got == {"continue_from": str(folder), "continue_mode": "checkpoint", "parent_run": None}
+    event = SimpleNamespace(
+        extra={"checkpoint": folder.as_uri(), "dag_id": "dressage_mopd", "run_id": "r1"}
+    )
+    got = continue_from(_context({}, "scheduled", [event]), plan, tmp_path)
+    assert got == {"continue_from": str(folder), "continue_mode": "latest", "parent_run": "r1"}
+    # an embedded checkpoint has Megatron's layout but not a slime run's data position
+    _checkpoint(tmp_path / "embedded")
+    with pytest.raises(AirflowFailException, match="has no data position"):
+        continue_from(
+            _context({"continue_from": "embedded/checkpoints/iter_0000003"}, "manual", []),
+            plan,
+            tmp_path,
+        )
+
+
+def test_a_slime_checkpoint_without_its_data_position_fails_the_plan(tmp_path: Path) -> None:
+    plan = _plan(tmp_path).model_copy(update={"backend": "ray"})
+    folder = _slime_checkpoint(tmp_path / "earlier", data=False)
+    with pytest.raises(AirflowFailException) as failed:
+        continue_from(_context({"continue_from": str(folder.parent)}, "manual", []), plan, tmp_path)
+    message = str(failed.value)
+    assert "has no data position" in message and "dressage_data_source_4.json" in message
+    assert "\n" not in message

@@ -67,6 +67,7 @@ def _plan(run: TrainRunConfig, **cluster: object):  # type: ignore[no-untyped-de
         ],
         rollout=rollout_flags(JobOptions.model_validate(run.advanced)),
         save_interval=options.save_interval,
+        continue_from=options.continue_from,
     )
 
 
@@ -118,6 +119,19 @@ def test_both_commands_save_periodically_and_load_where_they_save(
     assert _value(plan.argv, "--save-interval") == str(JobOptions().save_interval) == "10"
     plan = _plan(_run(tmp_path, objective, save_interval=2))
     assert _value(plan.argv, "--save-interval") == "2"
+
+
+@pytest.mark.parametrize("objective", ["mopd", "grpo"])
+def test_both_commands_can_continue_an_earlier_runs_checkpoint(
+    tmp_path: Path, objective: str
+) -> None:
+    """``continue_from`` reaches both drivers as --dressage-continue-from (a file:// URL as
+    the folder it names); without it the flag is absent."""
+    earlier = tmp_path / "earlier" / "checkpoints"
+    assert "--dressage-continue-from" not in _plan(_run(tmp_path, objective)).argv
+    for value in (str(earlier), earlier.as_uri()):
+        plan = _plan(_run(tmp_path, objective, continue_from=value))
+        assert _value(plan.argv, "--dressage-continue-from") == str(earlier)
 
 
 def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Path) -> None:

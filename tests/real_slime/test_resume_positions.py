@@ -152,3 +152,77 @@ def test_the_embedded_trainers_checkpoint_is_read_by_slimes_rules(tmp_path: Path
     assert latest is not None and latest.name == "iter_0000007"
     assert _is_megatron_checkpoint(folder) and _is_megatron_checkpoint(latest)
     assert _slime_start_rollout_id(folder) == 8
+
+
+def test_a_new_run_continues_an_earlier_runs_prompts(tmp_path: Path) -> None:
+    """``--dressage-continue-from`` (dressage.slime.continue_from): a new run in a folder of
+    its own starts at rollout 0 (slime's rule for a run with nothing saved) and its data source,
+    loaded by slime's ``RolloutManager.load(start_rollout_id - 1)``, hands out the prompts the
+    earlier run would have handed out after its last checkpoint."""
+    from slime.utils.misc import should_run_periodic_action
+
+    from dressage.slime.continue_from import apply_continue_from
+
+    datasets = _datasets(tmp_path)
+    straight = MopdDataSource(_args(datasets, tmp_path / "unused"))
+    expected = [_prompts(straight) for _ in range(2 * NUM_ROLLOUT)]
+    earlier = tmp_path / "earlier" / "checkpoints"
+    first = _manager(MopdDataSource(_args(datasets, earlier)))
+    for rollout_id in range(NUM_ROLLOUT):
+        assert _prompts(first.data_source) == expected[rollout_id]
+        if should_run_periodic_action(rollout_id, SAVE_INTERVAL, None, NUM_ROLLOUT):
+            _megatron_tracker(earlier, rollout_id)
+            first.save(rollout_id)
+    last = int((earlier / TRACKER).read_text())
+    assert last == NUM_ROLLOUT - 1  # slime saves after the last rollout too
+
+    own = tmp_path / "later" / "checkpoints"
+    args = _args(datasets, own)
+    assert _slime_start_rollout_id(own) == 0
+    args.dressage_continue_from = str(earlier)
+    apply_continue_from(args)
+    assert (args.load, args.ckpt_step, args.start_rollout_id) == (str(earlier), last, 0)
+    second = _manager(MopdDataSource(args))
+    second.load(args.start_rollout_id - 1)
+    continued = [_prompts(second.data_source) for _ in range(NUM_ROLLOUT)]
+    assert continued == expected[last + 1 : last + 1 + NUM_ROLLOUT]
+
+
+def test_slimes_parser_with_the_continue_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through slime's own parser and argument checks (MOPD's driver): a run whose --save
+    folder is empty loads the earlier run's checkpoint with Megatron's --finetune from rollout
+    0; once it has saved a checkpoint of its own, a resubmission resumes that one."""
+    from tests.helpers import megatron_lm_root
+
+    if megatron_lm_root() is None:
+        pytest.skip("MEGATRON_LM_ROOT is not set: slime's parser needs Megatron-LM's training")
+    import sys
+
+    from dressage.training.mopd_train import parse_mopd_args
+    from tests.real_slime.gpu_step import _argv, write_model
+
+    earlier = tmp_path / "earlier"
+    _megatron_tracker(earlier, 5)
+    state = earlier / "rollout" / "dressage_data_source_5.json"
+    state.parent.mkdir()
+    state.write_text("{}")
+    shape = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    spec = {
+        "hf": str(write_model(tmp_path / "hf", shape)),
+        "student_load": str(tmp_path / "student_td"),
+        "teacher_load": str(tmp_path / "student_td"),
+        "teachers": 1, "samples": 1, "prompt": 8, "lengths": [8],
+        "extra": ["--dressage-continue-from", str(earlier)],
+    }  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    args = parse_mopd_args(_argv(tmp_path, spec))
+    assert (args.load, args.ckpt_step, args.start_rollout_id) == (str(earlier), 5, 0)
+    assert args.finetune and args.no_load_optim and args.no_load_rng
+    assert args.dressage_continue_state == str(state)
+    _megatron_tracker(tmp_path / "save", 2)  # this run saved once, then was resubmitted
+    args = parse_mopd_args(_argv(tmp_path, spec))
+    assert args.load == str(tmp_path / "save") and not args.finetune
+    assert args.dressage_continue_state is None
