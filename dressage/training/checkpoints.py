@@ -540,19 +540,35 @@ def validate_mopd_checkpoints(
     return problems
 
 
+_MAX_VOCAB_PADDING = 1024
+"""More embedding rows than a model's vocabulary that Megatron's padding can explain."""
+
+
 def continued_checkpoint_problems(
     hf_checkpoint: str | None, load: str, ckpt_step: int | None
 ) -> list[Problem]:
     """Why the earlier run's Megatron checkpoint at ``load`` (iteration ``ckpt_step``) cannot
     start this run's student ([] when it can): unreadable, torn, or another model (hidden size,
-    depth, vocabulary rows, tensor shapes) than ``hf_checkpoint``."""
+    depth, tokenizer, embedding rows beyond Megatron's padding of the vocabulary) than
+    ``hf_checkpoint``."""
     problems: list[Problem] = []
     if not hf_checkpoint:
         return [Problem("continue_from", "no --hf-checkpoint to compare the checkpoint with")]
     student = _inspect_or_report("student hf_checkpoint", hf_checkpoint, None, None, problems)
     info = _inspect_or_report("continue_from", load, ckpt_step, hf_checkpoint, problems)
-    if student is not None and info is not None:
-        problems += same_model_problems("continue_from", info, student)
+    if student is None or info is None:
+        return problems
+    problems += same_model_problems("continue_from", info, student)
+    size, rows = vocab_size(student), info.vocab_rows
+    if info.layout != student.layout and size is not None and rows is not None:
+        # Megatron pads the embedding to a multiple of 128 x TP (at most 1,023 rows at TP 8)
+        if not size <= rows < size + _MAX_VOCAB_PADDING:
+            problems.append(
+                Problem(
+                    "continue_from",
+                    f"embedding has {rows} rows, the student's vocabulary {size} tokens",
+                )
+            )
     return problems
 
 

@@ -298,3 +298,21 @@ def test_torn_or_missing_shard_is_named(megatron_ckpts: dict[str, Path], tmp_pat
     shard.unlink()
     with pytest.raises(CheckpointError, match=f"{shard} is missing"):
         inspect_checkpoint(torn)
+
+
+def test_a_continued_checkpoint_of_another_model_is_named(
+    megatron_ckpts: dict[str, Path],
+) -> None:
+    """``--dressage-continue-from`` on the ray backend: the earlier run's torch_dist checkpoint
+    against this run's student (dressage.training.checkpoints.continued_checkpoint_problems)."""
+    from dressage.training.checkpoints import continued_checkpoint_problems
+
+    student = str(tiny_model_dir())  # the tiny Qwen3: hidden 64, 2 layers, its own vocabulary
+    problems = continued_checkpoint_problems(student, str(megatron_ckpts["small"]), 5)
+    assert [p.subject for p in problems] == ["continue_from"]
+    assert f"embedding has {QWEN3_ROWS} rows, the student's vocabulary" in problems[0].message
+    same = continued_checkpoint_problems(student, str(megatron_ckpts["student"]), 7)
+    assert [p.message for p in same if "embedding" in p.message] == []
+    missing = continued_checkpoint_problems(student, str(megatron_ckpts["small"]), 9)
+    assert [p.subject for p in missing] == ["continue_from"]
+    assert "iter_0000009" in missing[0].message
