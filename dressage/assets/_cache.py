@@ -18,6 +18,7 @@ _DONE = ".complete"
 
 
 def recipe_key(recipe: dict[str, Any]) -> str:
+    """The name of ``recipe``'s cache folder: a hash of its JSON (computing it writes nothing)."""
     blob = json.dumps(recipe, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

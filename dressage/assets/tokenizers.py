@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from dressage.assets._cache import cached_build
+from dressage.assets._cache import cached_build, recipe_key
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -134,19 +134,28 @@ def save_qwen_tokenizer(backend: Any, template: str, out: Path, *, model_max_len
     fast.save_pretrained(str(out))
 
 
-def qwen_tokenizer_dir(vocab: QwenVocab = "qwen3.5") -> Path:
-    """Folder of the converted tokenizer (built on first use, about 5 to 15 s)."""
-    spec = _spec(vocab)
+def _recipe(vocab: QwenVocab) -> dict[str, Any]:
     from dressage.proxy.tito.template_utils import load_pinned_template
 
-    recipe = {
+    return {
         "kind": "qwen-tokenizer",
         "vocab": vocab,
         "version": _RECIPE_VERSION,
         "package": _package_version(),
         "chat_template_sha256": hashlib.sha256(load_pinned_template(vocab).encode()).hexdigest(),
     }
-    return cached_build("tokenizers", recipe, lambda out: _build(spec, out))
+
+
+def qwen_tokenizer_key(vocab: QwenVocab = "qwen3.5") -> str:
+    """The name of :func:`qwen_tokenizer_dir`'s folder, computed without building it."""
+    _spec(vocab)  # an unknown vocabulary is an error here as in the build
+    return recipe_key(_recipe(vocab))
+
+
+def qwen_tokenizer_dir(vocab: QwenVocab = "qwen3.5") -> Path:
+    """Folder of the converted tokenizer (built on first use, about 5 to 15 s)."""
+    spec = _spec(vocab)
+    return cached_build("tokenizers", _recipe(vocab), lambda out: _build(spec, out))
 
 
 def _package_version() -> str:

@@ -3,8 +3,10 @@
     tiny:seed=1[,vocab=qwen3,hidden_size=32,...]     a tiny model (a seeded random init: seconds)
     tiny-sft:task=calculator[,steps=32,...]          a tiny teacher (trained: minutes on a CPU)
 
-:func:`find_checkpoint` never trains: a ``tiny-sft:`` spec that was not built yet is None, so
-checkpoint resolution and validation report it as missing. :func:`build_checkpoint` builds one
+:func:`find_checkpoint` only looks: it builds, trains and writes nothing, and a spec that was not
+built yet is None. :func:`resolve_checkpoint` builds a missing ``tiny:`` random init (seconds, no
+training) and reports a missing ``tiny-sft:`` teacher (:class:`CheckpointNotBuiltError`), so
+checkpoint resolution and validation name it. :func:`build_checkpoint` builds one
 (``dressage assets --config CONFIG`` and the training DAGs' ``prepare`` task call it); a plain
 folder is never built, only named.
 """
@@ -15,7 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from dressage.tiny.model import TinyModelSpec, tiny_model_dir
+from dressage.tiny.model import TinyModelSpec, cached_tiny_model_dir, tiny_model_dir
 
 __all__ = [
     "TEACHER_PREFIX",
@@ -53,14 +55,18 @@ def parse_tiny_model_spec(value: str) -> TinyModelSpec:
 
 
 def find_checkpoint(value: str) -> Path | None:
-    """The folder ``value`` names: a plain path as given, a ``tiny:`` model (built if missing:
-    no training), a ``tiny-sft:`` teacher only when it is already built (else None)."""
+    """The folder ``value`` names: a plain path as given, a ``tiny:`` model or ``tiny-sft:``
+    teacher only when it is already built (else None). Builds, trains and writes nothing.
+
+    Raises:
+        ValueError: a malformed spec (the message names the bad key).
+    """
     if value.startswith(TEACHER_PREFIX):
         from dressage.tiny.teachers import cached_teacher_dir, parse_teacher_spec
 
         return cached_teacher_dir(parse_teacher_spec(value))
     if value.startswith(TINY_PREFIX):
-        return tiny_model_dir(parse_tiny_model_spec(value))
+        return cached_tiny_model_dir(parse_tiny_model_spec(value))
     return Path(value)
 
 
@@ -139,7 +145,8 @@ def _try_build(spec: str) -> Path | ValueError:
 
 
 class CheckpointNotBuiltError(ValueError):
-    """A ``tiny-sft:`` teacher named by a config is not built: resolution never trains one."""
+    """A ``tiny-sft:`` teacher (or a ``tiny:`` pre-trained base) named by a config is not built:
+    resolution never trains one."""
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
@@ -152,16 +159,21 @@ class CheckpointNotBuiltError(ValueError):
 
 def resolve_checkpoint(value: str) -> Path:
     """The folder of a checkpoint path, a ``tiny:key=value,...`` tiny-model spec (a seeded random
-    init, built on first use) or a ``tiny-sft:task=...,key=value`` tiny teacher (found, never
-    trained).
+    init, built on first use: seconds, no training) or a ``tiny-sft:task=...,key=value`` tiny
+    teacher (found, never trained; nothing is written while looking).
 
     Raises:
-        CheckpointNotBuiltError: a ``tiny-sft:`` teacher that is not built yet.
+        CheckpointNotBuiltError: a ``tiny-sft:`` teacher, or a ``tiny:`` spec naming a base
+            pre-trained on first use, that is not built yet.
         ValueError: a malformed spec (the message names the bad key).
     """
-    if not value.startswith(("tiny:", "tiny-sft:")):
+    if not is_built_spec(value):
         return Path(value)
     found = find_checkpoint(value)
-    if found is None:
-        raise CheckpointNotBuiltError(value)
-    return found
+    if found is not None:
+        return found
+    if value.startswith(TINY_PREFIX):
+        spec = parse_tiny_model_spec(value)
+        if not spec.pretrained:  # a seeded random init: callers rely on it being made here
+            return tiny_model_dir(spec)
+    raise CheckpointNotBuiltError(value)

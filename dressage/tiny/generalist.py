@@ -63,6 +63,7 @@ __all__ = [
     "base_build_key",
     "base_dir",
     "base_recipe",
+    "cached_base_dir",
     "generalist_dir",
     "greedy_exact",
     "pretrain",
@@ -373,6 +374,20 @@ def base_build_key(name: str) -> str:
 def _build_recipe(name: str) -> dict[str, Any]:
     recipe = json.loads(json.dumps(asdict(base_recipe(name))))  # tuples as JSON lists
     return {"kind": "pretrained-base", "version": _BASE_BUILD_VERSION, "name": name, **recipe}
+
+
+def cached_base_dir(name: str) -> Path | None:
+    """The folder of the base called ``name`` when it ships or is built, else None: never
+    pre-trains or writes anything.
+
+    Raises:
+        FileNotFoundError: the package was installed without the shipped base's data files.
+    """
+    if name in SHIPPED_BASES:
+        return generalist_dir()
+    from dressage.assets._cache import cached_path
+
+    return cached_path("bases", _build_recipe(name))
 
 
 def base_dir(name: str) -> Path:

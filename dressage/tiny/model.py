@@ -15,10 +15,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dressage.assets._cache import cached_build
-from dressage.assets.tokenizers import QWEN_VOCABS, QwenVocab, qwen_tokenizer_dir
+from dressage.assets._cache import cached_build, cached_path, recipe_key
+from dressage.assets.tokenizers import (
+    QWEN_VOCABS,
+    QwenVocab,
+    qwen_tokenizer_dir,
+    qwen_tokenizer_key,
+)
 from dressage.config.env import env_str
-from dressage.tiny.task_tokenizer import TASK_VOCAB, task_tokenizer_dir
+from dressage.tiny.task_tokenizer import TASK_VOCAB, task_tokenizer_dir, task_tokenizer_key
 
 _RECIPE_VERSION = 1
 
@@ -88,23 +93,64 @@ def model_key(spec: TinyModelSpec) -> str:
     cache folder name; the shipped base's name and the hash of its weights (a rebuilt base keys
     new teachers); a base pre-trained on first use, its name and its recipe's key."""
     if not spec.pretrained:
-        return tiny_model_dir(spec).name
+        return tiny_model_key(spec)
     from dressage.tiny.generalist import SHIPPED_BASES, base_build_key
 
     _check_base_spec(spec)
     if spec.pretrained not in SHIPPED_BASES:
         return f"{spec.pretrained}-{base_build_key(spec.pretrained)}"
-    folder = tiny_model_dir(spec)
+    folder = _pretrained_dir(spec)  # shipped in the package: found, never built
     digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
     return f"{spec.pretrained}-{digest}"
 
 
+def tiny_model_key(spec: TinyModelSpec | None = None) -> str:
+    """The name of :func:`tiny_model_dir`'s folder for ``spec``, computed without building or
+    writing anything (the tokenizer's folder name too is computed, not built).
+
+    Raises:
+        ValueError: ``pretrained`` names no known base, or the spec does not describe it.
+    """
+    spec = spec or TinyModelSpec()
+    if not spec.pretrained:
+        return recipe_key(_recipe(spec))
+    from dressage.tiny.generalist import SHIPPED, SHIPPED_BASES, base_build_key
+
+    _check_base_spec(spec)
+    return SHIPPED.name if spec.pretrained in SHIPPED_BASES else base_build_key(spec.pretrained)
+
+
+def cached_tiny_model_dir(spec: TinyModelSpec | None = None) -> Path | None:
+    """The folder of ``spec``'s model when it is built (a shipped base always is), else None:
+    builds, trains and writes nothing.
+
+    Raises:
+        ValueError: ``pretrained`` names no known base, or the spec does not describe it.
+    """
+    spec = spec or TinyModelSpec()
+    if not spec.pretrained:
+        return cached_path("models", _recipe(spec))
+    from dressage.tiny.generalist import cached_base_dir
+
+    _check_base_spec(spec)
+    return cached_base_dir(spec.pretrained)
+
+
 def vocab_dir(vocab: str) -> Path:
-    """The tokenizer folder of a :class:`TinyModelSpec` vocabulary name."""
+    """The tokenizer folder of a :class:`TinyModelSpec` vocabulary name (built on first use)."""
     if vocab == TASK_VOCAB:
         return task_tokenizer_dir()
     if vocab in QWEN_VOCABS:
         return qwen_tokenizer_dir(vocab)
+    raise ValueError(f"unknown vocabulary {vocab!r}; expected one of {[*QWEN_VOCABS, TASK_VOCAB]}")
+
+
+def vocab_key(vocab: str) -> str:
+    """The name of :func:`vocab_dir`'s folder, computed without building the tokenizer."""
+    if vocab == TASK_VOCAB:
+        return task_tokenizer_key()
+    if vocab in QWEN_VOCABS:
+        return qwen_tokenizer_key(vocab)
     raise ValueError(f"unknown vocabulary {vocab!r}; expected one of {[*QWEN_VOCABS, TASK_VOCAB]}")
 
 
@@ -161,8 +207,12 @@ def tiny_model_dir(spec: TinyModelSpec | None = None) -> Path:
     spec = spec or TinyModelSpec()
     if spec.pretrained:
         return _pretrained_dir(spec)
+    return cached_build("models", _recipe(spec), lambda out: _build(spec, out))
+
+
+def _recipe(spec: TinyModelSpec) -> dict[str, Any]:
+    """A random init's cache recipe (computing it builds nothing)."""
     # the tokenizer folder's key: a rebuilt tokenizer (new template, say) gives a new model folder
-    tokenizer_key = vocab_dir(spec.vocab).name
-    recipe = {"kind": "tiny-qwen3", "version": _RECIPE_VERSION, "tokenizer": tokenizer_key}
+    recipe = {"kind": "tiny-qwen3", "version": _RECIPE_VERSION, "tokenizer": vocab_key(spec.vocab)}
     recipe.update(asdict(spec))
-    return cached_build("models", recipe, lambda out: _build(spec, out))
+    return recipe

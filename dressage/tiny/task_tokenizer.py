@@ -28,11 +28,11 @@ import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from dressage.assets._cache import cached_build
+from dressage.assets._cache import cached_build, recipe_key
 
-__all__ = ["TASK_VOCAB", "VOCAB_SIZE", "task_tokenizer_dir"]
+__all__ = ["TASK_VOCAB", "VOCAB_SIZE", "task_tokenizer_dir", "task_tokenizer_key"]
 
 TASK_VOCAB: Final = "qwen3.5-tasks"
 """The name :class:`~dressage.tiny.TinyModelSpec` gives this vocabulary (``vocab=...``)."""
@@ -98,12 +98,11 @@ def _build(out: Path) -> None:
     save_qwen_tokenizer(backend, "qwen3.5", out, model_max_length=32768)
 
 
-def task_tokenizer_dir() -> Path:
-    """Folder of the small-vocabulary Qwen3.5-format tokenizer (built on first use)."""
+def _recipe() -> dict[str, Any]:
     from dressage.agents.base import DEFAULT_SYSTEM_PROMPT
     from dressage.proxy.tito.template_utils import load_pinned_template
 
-    recipe = {
+    return {
         "kind": "task-tokenizer",
         "version": _RECIPE_VERSION,
         "vocab_size": VOCAB_SIZE,
@@ -111,4 +110,13 @@ def task_tokenizer_dir() -> Path:
         "template_sha": hashlib.sha256(load_pinned_template("qwen3.5").encode()).hexdigest()[:16],
         "system_prompt_sha": hashlib.sha256(DEFAULT_SYSTEM_PROMPT.encode()).hexdigest()[:16],
     }
-    return cached_build("tokenizers", recipe, _build)
+
+
+def task_tokenizer_key() -> str:
+    """The name of :func:`task_tokenizer_dir`'s folder, computed without building it."""
+    return recipe_key(_recipe())
+
+
+def task_tokenizer_dir() -> Path:
+    """Folder of the small-vocabulary Qwen3.5-format tokenizer (built on first use)."""
+    return cached_build("tokenizers", _recipe(), _build)

@@ -451,7 +451,8 @@ def _agent_fingerprint() -> str:
 
 
 def _recipe(spec: TinyTeacherSpec) -> dict[str, Any]:
-    """What a teacher's cache key is made of (its base model's folder names the base)."""
+    """What a teacher's cache key is made of (its base model's key names the base); computing it
+    builds, trains and writes nothing."""
     return {
         "kind": "tiny-sft-teacher",
         "version": _RECIPE_VERSION,
@@ -468,8 +469,8 @@ def tiny_teacher_dir(spec: TinyTeacherSpec) -> Path:
 
 
 def cached_teacher_dir(spec: TinyTeacherSpec) -> Path | None:
-    """Folder of the teacher when it is built, else None: never trains (only the base tiny
-    model, a seeded random init, is built if missing)."""
+    """Folder of the teacher when it is built, else None: builds, trains and writes nothing (not
+    its base model or tokenizer either)."""
     return cached_path("teachers", _recipe(spec))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ from dressage.agents import AgentTask, load_agent
 from dressage.config.env import cache_dir
 from dressage.config.mopd import load_mopd_config
 from dressage.tiny import TinyModelSpec, tiny_model_dir
-from dressage.tiny.checkpoints import resolve_checkpoint
+from dressage.tiny.checkpoints import CheckpointNotBuiltError, find_checkpoint, resolve_checkpoint
+from dressage.tiny.model import generalist_spec, tiny_model_key, vocab_dir, vocab_key
 from dressage.tiny.teachers import (
     TinyTeacherSpec,
+    cached_teacher_dir,
     parse_teacher_spec,
     teacher_transcripts,
     tiny_teacher_dir,
@@ -103,6 +106,57 @@ def test_a_transcript_is_what_the_proxy_records_for_the_ideal_agent_run(tmp_path
     segment = Segment.from_dict(data)
     assert segment.tokens == transcript.ids
     assert segment.full_loss_mask == transcript.loss_mask
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+@pytest.mark.unit
+def test_looking_up_an_unbuilt_teacher_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding or resolving a teacher that is not built, in an empty cache, builds nothing: not
+    the teacher, not its random-init base, not that base's tokenizer, no lock file; resolving
+    says the teacher is not built. (Resolution used to build the base to name it in the key.)"""
+    monkeypatch.setenv("DRESSAGE_CACHE_DIR", str(tmp_path))
+    specs = [
+        "tiny-sft:task=calculator,seed=5,steps=2",  # a random init over Qwen3.5's vocabulary
+        "tiny-sft:task=lookup,vocab=qwen3,hidden_size=32,head_dim=8",
+        "tiny-sft:task=calculator+lookup,vocab=qwen3.5-tasks",
+        "tiny-sft:task=lookup,base=generalist,steps=3",  # the shipped base
+        "tiny-sft:task=lookup,base=generalist-large,steps=3",  # pre-trained on first use
+    ]
+    for spec in specs:
+        assert cached_teacher_dir(parse_teacher_spec(spec)) is None
+        assert find_checkpoint(spec) is None
+        with pytest.raises(CheckpointNotBuiltError, match="is not built yet") as info:
+            resolve_checkpoint(spec)
+        assert info.value.spec == spec and "dressage assets --checkpoint" in str(info.value)
+    large = asdict(generalist_spec("generalist-large"))
+    tiny_large = "tiny:" + ",".join(f"{key}={value}" for key, value in large.items())
+    with pytest.raises(CheckpointNotBuiltError, match="is not built yet"):
+        resolve_checkpoint(tiny_large)  # a tiny: spec naming that base is not pre-trained either
+    assert find_checkpoint("tiny:seed=5") is None  # finding a random init does not build it
+    assert _tree(tmp_path) == []
+
+
+@pytest.mark.unit
+def test_the_lookup_keys_are_the_folders_the_builds_make() -> None:
+    """The key functions name the same cache folders as the builds (so caches built before them
+    are still found), and a built tiny: model is found where it was built."""
+    for spec in [
+        TinyModelSpec(seed=41, hidden_size=16, head_dim=4),
+        TinyModelSpec(vocab="qwen3.5-tasks", seed=2, hidden_size=32, head_dim=8),
+        generalist_spec(),
+    ]:
+        built = tiny_model_dir(spec)
+        assert tiny_model_key(spec) == built.name
+        assert vocab_key(spec.vocab) == vocab_dir(spec.vocab).name
+        assert built.parent.name == ("models" if not spec.pretrained else "pretrained")
+    text = "tiny:seed=41,hidden_size=16,head_dim=4"
+    built = tiny_model_dir(TinyModelSpec(seed=41, hidden_size=16, head_dim=4))
+    assert find_checkpoint(text) == resolve_checkpoint(text) == built
 
 
 def _small_cache(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
