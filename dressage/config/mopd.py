@@ -179,16 +179,38 @@ class MopdConfig(_Strict):
 # Loading
 
 
+_LOADED: dict[tuple[str, bytes, int], MopdConfig] = {}
+"""Configs this process has validated, by (file, content, environment): the environment
+because a config's ``${VAR}`` placeholders expand from it."""
+
+
 def load_mopd_config(path: str | Path | None = None) -> MopdConfig:
     """Read, type-check and path-resolve the config; raise :class:`MopdConfigError` if invalid.
 
-    ``path`` defaults to ``$DRESSAGE_MOPD_TEACHER_CONFIG``.
+    ``path`` defaults to ``$DRESSAGE_MOPD_TEACHER_CONFIG``. A file is parsed and validated
+    once per process: a later call for the same file with the same content returns the same
+    (frozen) config; a changed file (or environment, which its ``${VAR}`` placeholders read) is
+    validated again.
     """
     raw_path = str(path) if path is not None else env_str("DRESSAGE_MOPD_TEACHER_CONFIG")
     if not raw_path:
         problem = Problem("DRESSAGE_MOPD_TEACHER_CONFIG", "no MOPD config path given or set")
         raise MopdConfigError([problem], source="MOPD config")
     source = Path(raw_path).expanduser().resolve()
+    try:
+        environment = hash(tuple(sorted(os.environ.items())))
+        key: tuple[str, bytes, int] | None = (str(source), source.read_bytes(), environment)
+    except OSError:
+        key = None  # _load says why in one sentence
+    if key is not None and key in _LOADED:
+        return _LOADED[key]
+    config = _load(source)
+    if key is not None:
+        _LOADED[key] = config
+    return config
+
+
+def _load(source: Path) -> MopdConfig:
     data = _read_json(source)
     try:
         config = MopdConfig.model_validate(data)

@@ -463,3 +463,27 @@ def test_an_infinite_weight_is_named_as_not_finite(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(MopdConfigError, match="weight must be > 0 and finite, got inf"):
         load_mopd_config(path)
+
+
+def test_a_config_is_validated_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every reader of one run's config (the job, the data source, the rewards, the actor's
+    teachers) gets the one typed config the first read validated; a changed file, or a changed
+    environment that its ``${VAR}`` placeholders read, is validated again."""
+    import dressage.config.mopd as mopd
+
+    parsed: list[Path] = []
+    original = mopd._read_json
+    monkeypatch.setattr(mopd, "_read_json", lambda p: parsed.append(p) or original(p))
+    monkeypatch.setenv("CKPT_ROOT", "/mnt/a")
+    data = _config(teachers={"math": {"load": "${CKPT_ROOT}/math"}, "code": {"load": "code"}})
+    path = _write(tmp_path, data)
+    first = load_mopd_config(path)
+    assert load_mopd_config(str(path)) is first and len(parsed) == 1
+    monkeypatch.setenv("CKPT_ROOT", "/mnt/b")
+    assert load_mopd_config(path).teachers["math"].load == "/mnt/b/math" and len(parsed) == 2
+    data["reward_modules"] = ["dressage.reward.builtin"]
+    _write(tmp_path, data)
+    assert load_mopd_config(path).reward_modules == ["dressage.reward.builtin"]
+    assert len(parsed) == 3
