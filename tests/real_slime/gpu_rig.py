@@ -27,12 +27,16 @@ tracked). The model is built with :mod:`dressage.slime.layer_spec` (Megatron's l
 TE's names and packed-sequence attention), since Transformer Engine does not travel either.
 Everything of Megatron, slime's actor, its ``TensorBackuper`` and its offload is the real code.
 
+3. ``embedded``: the embedded trainer's first step on the ``plain_sampled`` scenario's slime
+   arguments, batch and weights (bf16, as slime trains), for the numerics comparison of
+   test_megatron_gpu.py.
+
 Not yet here (issue 27): ``all`` trains on the converter's output for factory-made segments. The
 ``record`` phase makes train data as a run does (the student's agent sessions through the proxy,
 ``MopdDataSource``, the black-box dispatch, the reward hook; tested on CPU in
 test_megatron_parts.py), and a scenario with ``"data": "recorded"`` trains on it; ``all`` runs
 neither yet, since the proxy's store needs polars, whose wheel does not fit beside the tier's
-on the test machine. No embedded-trainer numerics, learning curve or rotation bench run yet.
+on the test machine. No learning curve runs here yet.
 """
 
 from __future__ import annotations
@@ -385,6 +389,10 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
         out = original_train_actor(self, rollout_id, rollout_data, external_data)
         seen["teacher_log_probs"] = [t.float().tolist() for t in rollout_data["teacher_log_probs"]]
         seen["log_probs"] = [t.float().tolist() for t in rollout_data.get("log_probs", [])]
+        tokens = [t.tolist() for t in rollout_data["tokens"]]
+        seen["keyed"] = {
+            key: _keyed(tokens, seen[key]) for key in ("teacher_log_probs", "log_probs")
+        }
         seen["student_restored_bitwise"] = restored
         seen["changed_params"] = sum(
             not torch.equal(p, before[n]) for n, p in self.model[0].named_parameters()
@@ -405,7 +413,69 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def _keyed(tokens: list[Any], values: list[Any]) -> dict[str, list[float]]:
+    """Per-sample values keyed by the sample's tokens, so that two passes that order the batch
+    differently can be compared sample by sample."""
+    return {
+        ",".join(str(int(t)) for t in tok): [float(v) for v in val]
+        for tok, val in zip(tokens, values, strict=True)
+    }
+
+
+def embedded(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    """The embedded trainer's first step on what the ``train`` phase gives slime's actor: the
+    same slime arguments, the same batch (the converter's train data from the same samples) and
+    the same weights (the Hugging Face folders the torch_dist checkpoints were converted from).
+    Reports the teacher log-probs, the student's old log-probs (per sample, keyed by tokens),
+    the MOPD loss and the gradient norm, for issue 27's part 2 (test_megatron_gpu.py)."""
+    _stand_ins()
+    from dressage.rollout.convert_samples import convert_samples_to_train_data
+    from dressage.training.embedded.trainer import EmbeddedTrainer
+    from dressage.training.mopd_train import parse_mopd_args
+
+    args = parse_mopd_args(_train_argv(work, scenario))
+    if scenario.get("data") == "recorded":
+        samples = torch.load(work / RECORDED, weights_only=False)
+    else:
+        samples = _samples(args, int(args.vocab_size))
+    data = convert_samples_to_train_data(args, samples)
+    ckpts = _checkpoints()
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    # slime trains in bf16 (it sets --bf16 itself): the same bf16 weights here, bf16 autocast
+    trainer = EmbeddedTrainer(
+        args,
+        model_path=ckpts["student"],
+        teachers={tid: path for tid, path in ckpts.items() if tid != "student"},
+        dtype=torch.bfloat16 if args.bf16 else torch.float32,
+    )
+    seen: dict[str, Any] = {}
+    original = trainer._log_probs
+
+    def log_probs(rollout_data: dict[str, Any]) -> None:
+        original(rollout_data)
+        tokens = [t.tolist() for t in rollout_data["tokens"]]
+        for key in ("teacher_log_probs", "log_probs"):
+            seen[key] = _keyed(tokens, [v.float().tolist() for v in rollout_data[key]])
+
+    trainer._log_probs = log_probs  # type: ignore[method-assign]
+    metrics = trainer.train(0, data)
+    return {
+        "device": args.device,
+        "bf16": bool(args.bf16),
+        **seen,
+        "mopd_loss": metrics.get("train/mopd_loss"),
+        "grad_norm": metrics.get("train/grad_norm"),
+    }
+
+
 def main() -> int:
+    if sys.argv[1] == "embedded":
+        work = Path(sys.argv[2])
+        scenario = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+        report = embedded(work, scenario)
+        (work / f"embedded_{scenario.get('name', 'train')}.json").write_text(json.dumps(report))
+        print(json.dumps({k: v for k, v in report.items() if not isinstance(v, dict)}))
+        return 0
     if sys.argv[1] == "record":
         work = Path(sys.argv[2])
         work.mkdir(parents=True, exist_ok=True)
@@ -435,6 +505,10 @@ def main() -> int:
         argv = [sys.executable, "-m", "tests.real_slime.gpu_rig", "train", str(work)]
         log = work / f"{scenario['name']}.log"
         report[scenario["name"]] = _run([*argv, json.dumps(scenario)], log, env=env)
+    argv = [sys.executable, "-m", "tests.real_slime.gpu_rig", "embedded", str(work)]
+    report["embedded_plain_sampled"] = _run(
+        [*argv, json.dumps(SCENARIOS[0])], work / "embedded_plain_sampled.log"
+    )
     (work / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(json.dumps(report, default=str)[:6000])
     return 0

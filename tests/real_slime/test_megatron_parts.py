@@ -313,3 +313,33 @@ def test_the_step_benches_build_what_slime_parses(
     assert all(len(s.tokens) == 16 + 96 and sum(s.loss_mask) == 96 for s in samples)
     data = convert_samples_to_train_data(args, samples)
     assert data["prompt"] == ["t0", "t1", "t0", "t1"] and len(data["tokens"]) == 4
+
+
+@pytest.mark.skipif(
+    megatron_lm_root() is None,
+    reason="MEGATRON_LM_ROOT is not set: slime's parser needs Megatron-LM's megatron.training",
+)
+def test_the_embedded_reference_of_the_gpu_tier(tmp_path: Path) -> None:
+    """The GPU rig's ``embedded`` phase (what the GPU tier compares slime's first step with)
+    runs the embedded trainer on the ``plain_sampled`` scenario's slime arguments and batch:
+    both log-probs for every sample, keyed by its tokens, a finite loss and gradient norm."""
+    import os
+    import subprocess
+
+    from tests.helpers import REPO, slime_root
+
+    paths = [str(REPO), str(slime_root()), str(megatron_lm_root()), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.real_slime.gpu_rig", "embedded", str(tmp_path),
+         json.dumps({"name": "plain_sampled"})],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "embedded_plain_sampled.json").read_text())
+    assert report["bf16"] is True
+    assert len(report["teacher_log_probs"]) == len(report["log_probs"]) == 4
+    for key in ("teacher_log_probs", "log_probs"):
+        for tokens, values in report[key].items():
+            assert 0 < len(values) < len(tokens.split(",")) and all(v <= 0 for v in values)
+    assert report["mopd_loss"] > 0 and 0 < report["grad_norm"] < float("inf")
