@@ -49,6 +49,7 @@ from dressage.slime.args import add_dressage_arguments
 from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 from dressage.slime.periodic import PeriodicAction, periodic_action
+from dressage.slime.tracking import keep_wandb_run
 
 __all__ = [
     "MOPD_FLAG_DEFAULTS",
@@ -275,6 +276,7 @@ def train(args: Any) -> None:
 
     logging_utils.configure_logger()
     pgs = create_placement_groups(args)
+    keep_wandb_run(args)  # a resubmitted job logs to the W&B run it started
     init_tracking(args)
     rollout_manager, num_rollout_per_epoch = create_rollout_manager(args, pgs["rollout"])
     actor_model, critic_model = create_training_models(

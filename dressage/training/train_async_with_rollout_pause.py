@@ -54,6 +54,7 @@ from dressage.config.mopd import unsupported_slime_options
 from dressage.slime.args import add_dressage_arguments, loop_args
 from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.periodic import periodic_action
+from dressage.slime.tracking import keep_wandb_run
 from dressage.training.proxy_pause_client import RolloutPause, update_weights_with_pause
 
 __all__ = [
@@ -178,6 +179,7 @@ class SlimeBackend:
         self._ray = ray
         self._checked = False
         pgs = create_placement_groups(args)
+        keep_wandb_run(args)  # a resubmitted job logs to the W&B run it started
         init_tracking(args)
         self.rollout_manager, self.num_rollout_per_epoch = create_rollout_manager(
             args, pgs["rollout"]
