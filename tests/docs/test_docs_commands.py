@@ -36,6 +36,7 @@ CHECKS: list[tuple[str, str]] = [
     (r"make (venv|demo|test|airflow|test-ui)", "make"),
     (r"DRESSAGE_MOPD_SCHEDULE=@daily make airflow", "make"),
     (r"\.venv/bin/python bench/\S+\.py.*", "parse"),
+    (r"\.venv/bin/python scripts/profile_proxy\.py.*", "parse"),
     (r"PYTHONPATH=\$PWD/examples \.venv/bin/dressage demo .*", "tested by tests/examples/"),
     (r"docker build -f containers/trainer\.Dockerfile .*", "tested by tests/containers/"),
     (
