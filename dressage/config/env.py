@@ -123,6 +123,9 @@ OTHER_VARIABLES: dict[str, str] = {
     "RAY_ADDRESS": "The Ray dashboard `dressage mopd launch --submit` submits to.",
     "WANDB_API_KEY": "The W&B key a run with --use-wandb forwards to the workers (never a flag).",
     "WANDB_MODE": "W&B's mode; offline or disabled needs no WANDB_API_KEY.",
+    "WANDB_RUN_ID": "The W&B run a cluster job logs to; unset, the job keeps one in its save "
+    "folder (wandb_run_id.txt), so a resubmitted job continues its run.",
+    "WANDB_RESUME": "W&B's resume mode; a cluster job sets allow unless it is set.",
     "MODEL_ARGS": "scripts/run_mopd_qwen3.5_sync.sh: slime's model flags, after --.",
     "DRY_RUN": "scripts/run_mopd_qwen3.5_sync.sh: 1 validates and prints the command.",
     "LAUNCH": "scripts/run_mopd_qwen3.5_sync.sh: exec runs the command here (default: submit).",

@@ -29,6 +29,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from dressage.slime.torch_dist import TRACKER_FILE as TRACKER
+
 __all__ = [
     "CONTINUE_FLAG",
     "ContinueError",
@@ -38,8 +40,6 @@ __all__ = [
 ]
 
 CONTINUE_FLAG = "--dressage-continue-from"
-TRACKER = "latest_checkpointed_iteration.txt"
-"""Megatron's tracker file: the iteration of a checkpoint root's latest save, as text."""
 _ITER = re.compile(r"iter_(\d{7})")
 
 

@@ -204,20 +204,29 @@ def _stand_ins() -> list[str]:
     return missing
 
 
-def _train_argv(work: Path, scenario: dict[str, Any]) -> list[str]:
-    from dressage.slime.model_flags import megatron_model_flags
-    from dressage.slime.torch_dist import _RUN_FLAGS
-
-    ckpts = _checkpoints()
-    teachers = {tid: {"load": str(work / "torch_dist" / tid)} for tid in ckpts if tid != "student"}
+def write_mopd_config(work: Path, teachers: dict[str, str]) -> Path:
+    """``WORK/mopd.json``: each teacher (id -> torch_dist folder) with one dataset routed to it
+    (its prompts are never read: the rig trains on samples it makes)."""
     config = {
-        "teachers": teachers,
+        "teachers": {tid: {"load": load} for tid, load in teachers.items()},
         "datasets": [
             {"name": t, "path": "x.jsonl", "teacher_id": t, "weight": 1, "agent_mode": "blackbox"}
             for t in teachers
         ],
     }
-    (work / "mopd.json").write_text(json.dumps(config))
+    path = work / "mopd.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _train_argv(work: Path, scenario: dict[str, Any]) -> list[str]:
+    from dressage.slime.model_flags import megatron_model_flags
+    from dressage.slime.torch_dist import _RUN_FLAGS
+
+    ckpts = _checkpoints()
+    write_mopd_config(
+        work, {tid: str(work / "torch_dist" / tid) for tid in ckpts if tid != "student"}
+    )
     run = [f for f in _RUN_FLAGS]
     run[run.index("--num-rollout") + 1] = "1"
     run[run.index("--rollout-batch-size") + 1] = "3"

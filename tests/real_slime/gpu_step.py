@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from tests.real_slime.gpu_rig import _checkpoints, _stand_ins
+from tests.real_slime.gpu_rig import _checkpoints, _stand_ins, write_mopd_config
 
 GB = 1e9
 
@@ -112,15 +112,7 @@ def _argv(work: Path, spec: dict[str, Any]) -> list[str]:
     from dressage.slime.model_flags import megatron_model_flags
     from dressage.slime.torch_dist import _RUN_FLAGS
 
-    teachers = {f"t{i}": {"load": spec["teacher_load"]} for i in range(int(spec["teachers"]))}
-    config = {
-        "teachers": teachers,
-        "datasets": [
-            {"name": t, "path": "x.jsonl", "teacher_id": t, "weight": 1, "agent_mode": "blackbox"}
-            for t in teachers
-        ],
-    }
-    (work / "mopd.json").write_text(json.dumps(config))
+    write_mopd_config(work, {f"t{i}": spec["teacher_load"] for i in range(int(spec["teachers"]))})
     batch = str(int(spec["samples"]))
     run = list(_RUN_FLAGS)
     for flag, value in (
