@@ -27,16 +27,21 @@ tracked). The model is built with :mod:`dressage.slime.layer_spec` (Megatron's l
 TE's names and packed-sequence attention), since Transformer Engine does not travel either.
 Everything of Megatron, slime's actor, its ``TensorBackuper`` and its offload is the real code.
 
-3. ``embedded``: the embedded trainer's first step on the ``plain_sampled`` scenario's slime
-   arguments, batch and weights (bf16, as slime trains), for the numerics comparison of
-   test_megatron_gpu.py.
+3. ``embedded``: the embedded trainer's first step on a scenario's slime arguments, batch and
+   weights (bf16 as slime trains, and float32 on the same bf16 values), for the numerics
+   comparison of test_megatron_gpu.py.
+4. ``learn`` (tests/real_slime/gpu_learn.py): 30 on-policy MOPD steps through the actor per
+   objective, with the held-out reverse KL to each teacher along the way.
 
-Not yet here (issue 27): ``all`` trains on the converter's output for factory-made segments. The
-``record`` phase makes train data as a run does (the student's agent sessions through the proxy,
-``MopdDataSource``, the black-box dispatch, the reward hook; tested on CPU in
-test_megatron_parts.py), and a scenario with ``"data": "recorded"`` trains on it; ``all`` runs
-neither yet, since the proxy's store needs polars, whose wheel does not fit beside the tier's
-on the test machine. No learning curve runs here yet.
+After ``convert``, ``all`` runs every other phase at once (processes of their own on the one
+GPU; nothing here is timed against anything else).
+
+Not yet here (issue 27): the ``train`` phase trains on the converter's output for factory-made
+segments, and ``learn`` on the student's own first turns. The ``record`` phase makes train data
+as a run does (the student's agent sessions through the proxy, ``MopdDataSource``, the black-box
+dispatch, the reward hook; tested on CPU in test_megatron_parts.py), and a scenario with
+``"data": "recorded"`` trains on it; ``all`` runs neither yet, since the proxy's store needs
+polars, whose wheel does not fit beside the tier's on the test machine.
 """
 
 from __future__ import annotations
@@ -71,9 +76,15 @@ SCENARIOS: tuple[dict[str, Any], ...] = (
     {"name": "plain_sampled"},
     {"name": "plain_topk", "objective": "topk"},
     {"name": "colocate_offload", "objective": "topk", "extra": ["--colocate"]},
+    {"name": "plain_sampled_fp32", "fp32": True},
 )
 """The layouts and objectives ``all`` runs: plain, and colocated with slime's offload of the
-actor (``--colocate`` turns ``--offload-train`` on), through torch_memory_saver."""
+actor (``--colocate`` turns ``--offload-train`` on), through torch_memory_saver; and plain in
+float32."""
+COMPARED = ("plain_sampled", "plain_sampled_fp32")
+"""The scenarios whose first step the embedded trainer also takes (the numerics comparison)."""
+LEARNED = ("sampled", "topk")
+"""The objectives ``all`` trains for 20+ steps (tests/real_slime/gpu_learn.py)."""
 
 
 def _offload_env() -> dict[str, str]:
@@ -99,24 +110,40 @@ def _offload_env() -> dict[str, str]:
     }
 
 
+Job = tuple[list[str], Path, float, dict[str, str]]
+"""A phase to run: its command, its log, its time limit (s) and environment additions."""
+
+
 def _run(
     argv: list[str], log: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
+    return _run_all({"job": (argv, log, timeout, env or {})})["job"]
+
+
+def _run_all(jobs: dict[str, Job]) -> dict[str, dict[str, Any]]:
+    """Run the phases at once (each a process of its own, on the one GPU; none is timed here)
+    and report each one's exit code, seconds and the tail of its log."""
     started = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.run(
-            argv,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-            env={**os.environ, **(env or {})},
-        )
-    tail = log.read_text().splitlines()[-25:]
-    return {
-        "rc": proc.returncode,
-        "seconds": round(time.perf_counter() - started, 1),
-        "tail": tail if proc.returncode else tail[-3:],
-    }
+    running = {}
+    for name, (argv, log, timeout, env) in jobs.items():
+        f = log.open("w")
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        running[name] = (proc, f, log, timeout)
+    out: dict[str, dict[str, Any]] = {}
+    for name, (proc, f, log, timeout) in running.items():
+        try:
+            rc = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - started)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        f.close()
+        tail = log.read_text().splitlines()[-25:]
+        out[name] = {
+            "rc": rc,
+            "seconds": round(time.perf_counter() - started, 1),
+            "tail": tail if rc else tail[-3:],
+        }
+    return out
 
 
 _CONVERT = [sys.executable, "-m", "tests.real_slime.gpu_rig", "torch-dist"]
@@ -129,12 +156,16 @@ def convert(work: Path) -> dict[str, Any]:
     report: dict[str, Any] = {}
     ckpts = _checkpoints()
     report["hf"] = {k: str(v) for k, v in ckpts.items()}
-    for name, hf in ckpts.items():
-        out = work / "torch_dist" / name
-        report[f"to_torch_dist:{name}"] = _run(
-            [*_CONVERT, "to-torch-dist", str(hf), str(out)],
+    jobs: dict[str, Job] = {
+        f"to_torch_dist:{name}": (
+            [*_CONVERT, "to-torch-dist", str(hf), str(work / "torch_dist" / name)],
             work / f"convert_{name}.log",
+            600,
+            {},
         )
+        for name, hf in ckpts.items()
+    }
+    report.update(_run_all(jobs))
     back = work / "hf_back" / "student"
     report["to_hf:student"] = _run(
         [
@@ -317,7 +348,16 @@ def _samples(args: Any, vocab: int) -> list[Any]:
     return out
 
 
-def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+def start_actor(
+    work: Path, scenario: dict[str, Any], argv: list[str] | None = None
+) -> tuple[Any, Any, dict[str, Any], list[dict[str, Any]]]:
+    """slime's ``MegatronTrainRayActor.init`` with the MOPD actor class on ``scenario``'s
+    arguments (``argv``: more flags after them). Returns the arguments, the actor, the init
+    report and the list that collects every metrics dict slime logs.
+
+    ``"fp32": true`` trains in float32: slime sets ``--bf16`` itself, so the arguments are
+    changed after parsing (the model, Megatron's optimizer and the loaded bf16 checkpoints in
+    float32)."""
     report: dict[str, Any] = {"stood_in": _stand_ins()}
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
     from tests.helpers import free_port
@@ -327,15 +367,22 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     import slime.utils.data as data_mod
     from slime.observability import logging_utils
 
-    from dressage.rollout.convert_samples import convert_samples_to_train_data
     from dressage.training.mopd_actor import make_mopd_actor_cls
     from dressage.training.mopd_train import parse_mopd_args
-    from tests.real_slime.slime_parts import bare_manager
 
-    args = parse_mopd_args(_train_argv(work, scenario))
+    args = parse_mopd_args([*_train_argv(work, scenario), *(argv or [])])
+    if scenario.get("fp32"):
+        args.bf16, args.params_dtype = False, torch.float32
     report["args"] = {
         k: str(getattr(args, k, None))
-        for k in ("bf16", "use_distributed_optimizer", "padded_vocab_size", "load", "finetune")
+        for k in (
+            "bf16",
+            "params_dtype",
+            "use_distributed_optimizer",
+            "padded_vocab_size",
+            "load",
+            "finetune",
+        )  # fmt: skip
     }
     logged: list[dict[str, Any]] = []
     original_log = logging_utils.log
@@ -373,6 +420,46 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
         "offload_train": bool(getattr(args, "offload_train", False)),
         "gpu_gb_after_init": round(torch.cuda.memory_allocated() / 1e9, 3),
     }
+    return args, actor, report, logged
+
+
+def main_params(actor: Any) -> list[torch.Tensor]:
+    """The distributed optimizer's float32 main parameters (its shards of the model)."""
+    out: list[torch.Tensor] = []
+    for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
+        for attr in ("shard_fp32_from_float16_groups", "shard_fp32_groups"):
+            for group in getattr(opt, attr, None) or []:
+                out += [t for t in group if t is not None]
+    return out
+
+
+def _held_weights(actor: Any, out: Path) -> dict[str, Any]:
+    """What the actor's model holds now, written through slime's Hugging Face saver and compared
+    with the teacher's own checkpoint rounded to bf16 (the active tag names the teacher)."""
+    from safetensors.torch import load_file
+    from slime.backends.megatron_utils.hf_checkpoint_saver import save_hf_model_to_path
+    from transformers import AutoConfig
+
+    tid = str(actor._active_model_tag).removeprefix("teacher:")
+    config = AutoConfig.from_pretrained(str(actor.args.hf_checkpoint))
+    save_hf_model_to_path(actor.args, out, actor.model, model_name=type(config).__name__.lower())
+    want = load_file(str(_checkpoints()[tid] / "model.safetensors"))
+    got: dict[str, torch.Tensor] = {}
+    for f in sorted(out.glob("*.safetensors")):
+        got.update(load_file(str(f)))
+    differ = {
+        key: float((got[key].float() - value.to(torch.bfloat16).float()).abs().max())
+        for key, value in want.items()
+        if key in got and not torch.equal(got[key].float(), value.to(torch.bfloat16).float())
+    }
+    return {"keys": len(got), "missing": sorted(set(want) - set(got)), "differ": differ}
+
+
+def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    from dressage.rollout.convert_samples import convert_samples_to_train_data
+    from tests.real_slime.slime_parts import bare_manager
+
+    args, actor, report, logged = start_actor(work, scenario)
     if scenario.get("data") == "recorded":
         samples = torch.load(work / RECORDED, weights_only=False)
     else:
@@ -384,12 +471,25 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     def spy(self: Any, rollout_id: int, rollout_data: dict[str, Any], external_data: Any = None):
         # awake here (under --offload-train slime's train has woken the actor up)
         before = {n: p.detach().clone() for n, p in self.model[0].named_parameters()}
+        mains = main_params(self)
+        mains_before = [t.detach().clone() for t in mains]
         restored: dict[str, bool] = {}
+        mains_kept: dict[str, bool] = {}
+        held: dict[str, dict[str, Any]] = {}
         original_switch = self._switch_model
 
         def switch(tag: str) -> None:
             original_switch(tag)
-            if tag == "actor":
+            # before the optimizer step, with each teacher in and after the student is back:
+            # the optimizer's float32 main parameters as they were (in float32 training they
+            # are views of the model's own buffers, so only the student's turns are checked)
+            if tag == "actor" or self.args.bf16:
+                mains_kept[f"{len(mains_kept)}:{tag}"] = all(
+                    torch.equal(a, b) for a, b in zip(mains, mains_before, strict=True)
+                )
+            if tag != "actor":  # the teacher's weights as they leave through slime's saver
+                held[tag] = _held_weights(self, work / f"held_{scenario.get('name')}" / tag)
+            if tag == "actor":  # back from a teacher: the student bit for bit
                 restored[str(len(restored))] = all(
                     torch.equal(p, before[n]) for n, p in self.model[0].named_parameters()
                 )
@@ -403,6 +503,13 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
             key: _keyed(tokens, seen[key]) for key in ("teacher_log_probs", "log_probs")
         }
         seen["student_restored_bitwise"] = restored
+        seen["teacher_weights"] = held
+        seen["main_params"] = {
+            "count": len(mains),
+            "dtypes": sorted({str(t.dtype) for t in mains}),
+            "untouched_by_teachers": mains_kept,
+            "stepped": any(not torch.equal(a, b) for a, b in zip(mains, mains_before, strict=True)),
+        }
         seen["changed_params"] = sum(
             not torch.equal(p, before[n]) for n, p in self.model[0].named_parameters()
         )
@@ -431,6 +538,26 @@ def _keyed(tokens: list[Any], values: list[Any]) -> dict[str, list[float]]:
     }
 
 
+def bf16_rounded(hf_dir: Path, out: Path) -> Path:
+    """A copy of a Hugging Face folder whose float weights are rounded to bf16 and kept in their
+    dtype: what a float32 model loading the bf16 ``torch_dist`` checkpoint holds."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(hf_dir, out)
+    for f in out.glob("*.safetensors"):
+        tensors = load_file(str(f))
+        rounded = {
+            k: v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() else v
+            for k, v in tensors.items()
+        }
+        save_file(rounded, str(f), metadata={"format": "pt"})
+    return out
+
+
 def embedded(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     """The embedded trainer's first step on what the ``train`` phase gives slime's actor: the
     same slime arguments, the same batch (the converter's train data from the same samples) and
@@ -450,6 +577,10 @@ def embedded(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     data = convert_samples_to_train_data(args, samples)
     ckpts = _checkpoints()
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if scenario.get("fp32"):
+        # slime's actor in float32 holds the bf16 torch_dist weights widened: the same here
+        args.bf16 = False
+        ckpts = {name: bf16_rounded(path, work / "hf_bf16" / name) for name, path in ckpts.items()}
     # slime trains in bf16 (it sets --bf16 itself): the same bf16 weights here, bf16 autocast
     trainer = EmbeddedTrainer(
         args,
@@ -509,15 +640,20 @@ def main() -> int:
         return 0 if "error" not in report else 1
     report = {"convert": convert(work)}
     print(json.dumps(report["convert"], default=str)[:3000], flush=True)
+    jobs: dict[str, Job] = {}
+    rig = [sys.executable, "-m", "tests.real_slime.gpu_rig"]
     for scenario in SCENARIOS:
         env = _offload_env() if "--colocate" in scenario.get("extra", []) else {}
-        argv = [sys.executable, "-m", "tests.real_slime.gpu_rig", "train", str(work)]
-        log = work / f"{scenario['name']}.log"
-        report[scenario["name"]] = _run([*argv, json.dumps(scenario)], log, env=env)
-    argv = [sys.executable, "-m", "tests.real_slime.gpu_rig", "embedded", str(work)]
-    report["embedded_plain_sampled"] = _run(
-        [*argv, json.dumps(SCENARIOS[0])], work / "embedded_plain_sampled.log"
-    )
+        name = scenario["name"]
+        argv = [*rig, "train", str(work), json.dumps(scenario)]
+        jobs[name] = (argv, work / f"{name}.log", 600, env)
+        if name in COMPARED:
+            argv = [*rig, "embedded", str(work), json.dumps(scenario)]
+            jobs[f"embedded_{name}"] = (argv, work / f"embedded_{name}.log", 600, {})
+    for objective in LEARNED:
+        argv = [sys.executable, "-m", "tests.real_slime.gpu_learn", str(work), objective]
+        jobs[f"learn_{objective}"] = (argv, work / f"learn_{objective}.log", 1200, {})
+    report.update(_run_all(jobs))
     (work / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(json.dumps(report, default=str)[:6000])
     return 0

@@ -319,10 +319,12 @@ def test_the_step_benches_build_what_slime_parses(
     megatron_lm_root() is None,
     reason="MEGATRON_LM_ROOT is not set: slime's parser needs Megatron-LM's megatron.training",
 )
-def test_the_embedded_reference_of_the_gpu_tier(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fp32", [False, True], ids=["bf16", "fp32"])
+def test_the_embedded_reference_of_the_gpu_tier(tmp_path: Path, fp32: bool) -> None:
     """The GPU rig's ``embedded`` phase (what the GPU tier compares slime's first step with)
     runs the embedded trainer on the ``plain_sampled`` scenario's slime arguments and batch:
-    both log-probs for every sample, keyed by its tokens, a finite loss and gradient norm."""
+    both log-probs for every sample, keyed by its tokens, a finite loss and gradient norm; in
+    float32 on the weights rounded to bf16, as slime's float32 actor holds them."""
     import os
     import subprocess
 
@@ -332,14 +334,74 @@ def test_the_embedded_reference_of_the_gpu_tier(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     done = subprocess.run(
         [sys.executable, "-m", "tests.real_slime.gpu_rig", "embedded", str(tmp_path),
-         json.dumps({"name": "plain_sampled"})],
+         json.dumps({"name": "scenario", "fp32": fp32})],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((tmp_path / "embedded_plain_sampled.json").read_text())
-    assert report["bf16"] is True
+    report = json.loads((tmp_path / "embedded_scenario.json").read_text())
+    assert report["bf16"] is not fp32
     assert len(report["teacher_log_probs"]) == len(report["log_probs"]) == 4
     for key in ("teacher_log_probs", "log_probs"):
         for tokens, values in report[key].items():
             assert 0 < len(values) < len(tokens.split(",")) and all(v <= 0 for v in values)
     assert report["mopd_loss"] > 0 and 0 < report["grad_norm"] < float("inf")
+
+
+def test_the_learning_phase_trains_on_the_students_own_turns(tmp_path: Path) -> None:
+    """tests/real_slime/gpu_learn.py's data path: the tool agent's first request encoded as the
+    proxy encodes it, one turn sampled from the student with its log-probs (up to its closer),
+    and samples that the project's converter turns into train data routed to both teachers."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dressage.proxy.tito import create_tito_tokenizer
+    from dressage.rollout.convert_samples import convert_samples_to_train_data
+    from tests.real_slime import gpu_learn
+    from tests.real_slime.gpu_rig import _checkpoints, bf16_rounded
+    from tests.rollout.factories import slime_args
+
+    student = _checkpoints()["student"]
+    tokenizer = AutoTokenizer.from_pretrained(str(student))
+    tito = create_tito_tokenizer(tokenizer, "qwen3.5")
+    config = json.loads(gpu_learn.gpu_rig.EMBEDDED.read_text())
+    batch = [gpu_learn.rows(gpu_learn.DATA / d["path"])[0] for d in config["datasets"]]
+    prompts = [gpu_learn.prompt_ids(tito, row) for row in batch]
+    for row, ids in zip(batch, prompts, strict=True):
+        text = tokenizer.decode(ids)
+        tail = text.rsplit("<|im_end|>", 1)[-1]  # the generation prompt (thinking off)
+        assert row["input"] in text and tail.startswith("\n<|im_start|>assistant\n"), tail
+    model = AutoModelForCausalLM.from_pretrained(str(student)).eval()
+    stop = sorted(tito.closer_ids)
+    torch.manual_seed(0)
+    turns = gpu_learn.sample_turns(model, prompts, stop, stop[0])
+    for ids, lps, finish in turns:
+        assert 0 < len(ids) <= gpu_learn.MAX_NEW_TOKENS and len(lps) == len(ids)
+        assert all(v <= 0 for v in lps) and (finish == "stop") == (ids[-1] in stop)
+        assert all(t not in stop for t in ids[:-1])
+    # the sampled log-probs are the model's own at those positions
+    ids, lps, _ = turns[0]
+    full = torch.tensor([prompts[0] + ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(full).logits[0].float(), -1)
+    want = [float(logp[len(prompts[0]) - 1 + i, t]) for i, t in enumerate(ids)]
+    assert lps == pytest.approx(want, abs=1e-3)
+    args = slime_args(
+        advantage_estimator="mopd",
+        rewards_normalization=False,
+        n_samples_per_prompt=1,
+        global_batch_size=2,
+        rollout_batch_size=2,
+    )
+    samples = gpu_learn.make_samples(args, tokenizer, batch, prompts, turns, step=3)
+    assert [s.metadata["teacher_id"] for s in samples] == ["calculator", "lookup"]
+    for s, prompt, (ids, lps, _) in zip(samples, prompts, turns, strict=True):
+        assert s.tokens == prompt + ids and s.response_length == len(ids)
+        assert s.loss_mask == [1] * len(ids) and s.rollout_log_probs == lps
+    data = convert_samples_to_train_data(args, samples)
+    assert data["prompt"] == ["calculator", "lookup"] and len(data["tokens"]) == 2
+    # the float32 comparison's weights: rounded to bf16, kept in float32
+    rounded = bf16_rounded(student, tmp_path / "rounded")
+    for key, value in load_file(str(rounded / "model.safetensors")).items():
+        assert value.dtype == load_file(str(student / "model.safetensors"))[key].dtype
+        assert torch.equal(value, value.to(torch.bfloat16).to(value.dtype)), key
