@@ -46,6 +46,7 @@ def test_qwen3_flags_are_slimes_example_for_the_model() -> None:
         "--num-query-groups": "8",
         "--kv-channels": "128",
         "--vocab-size": "151936",
+        "--make-vocab-size-divisible-by": "128",
         "--norm-epsilon": "1e-06",
         "--rotary-base": "1000000",
         "--normalization": "RMSNorm",
@@ -105,3 +106,36 @@ def test_cli_prints_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
     assert main([str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("--num-layers 28 --hidden-size 1024")
+
+
+@pytest.mark.parametrize(
+    ("vocab", "tp", "divisor", "padded"),
+    [
+        (151936, 1, 128, 151936),  # Qwen3: 2^7 x 1187, Megatron's default adds nothing
+        (151936, 8, 16, 151936),  # at TP 8 the default (128 x 8) would add 640 rows
+        (704, 1, 64, 704),  # the embedded default's vocabulary (the default adds 64)
+        (248320, 2, 128, 248320),  # Qwen3.5
+        (1001, 1, 1, 1001),  # odd: no power of two divides it, and none is needed
+        (1001, 2, 1, 1002),  # TP 2 cannot split 1001 rows: one padding row, the least
+    ],
+)
+def test_the_vocab_divisor_leaves_no_padding_where_it_can(
+    vocab: int, tp: int, divisor: int, padded: int
+) -> None:
+    """Megatron pads the vocabulary to a multiple of ``divisor x TP`` (its
+    ``_vocab_size_with_padding``); the padding rows enter slime's log-softmax as tokens."""
+    flags = megatron_model_flags({**QWEN3_06B, "vocab_size": vocab}, tensor_parallel=tp)
+    assert int(_value(flags, "--make-vocab-size-divisible-by")) == divisor
+    multiple = divisor * tp
+    assert -(-vocab // multiple) * multiple == padded
+
+
+def test_the_command_line_takes_the_tensor_parallel_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
+    assert main([str(tmp_path), "--tensor-model-parallel-size", "8"]) == 0
+    flags = capsys.readouterr().out.split()
+    assert _value(flags, "--make-vocab-size-divisible-by") == "16"
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--tensor-model-parallel-size", "0"])
