@@ -81,6 +81,13 @@ _DECLARED = [
         "1",
         "Example counts of the schema fuzz tests, times this (scripts/chaos.py raises it).",
     ),
+    EnvVar(
+        "DRESSAGE_RECORDED_SAMPLES",
+        None,
+        "The GPU tier (tests/real_slime): samples recorded through the proxy on another "
+        "machine (`python -m tests.real_slime.gpu_rig record DIR`), where the proxy's packages "
+        "are not installed.",
+    ),
 ]
 
 ENV: dict[str, EnvVar] = {v.name: v for v in _DECLARED}

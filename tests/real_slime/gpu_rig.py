@@ -36,12 +36,13 @@ Everything of Megatron, slime's actor, its ``TensorBackuper`` and its offload is
 After ``convert``, ``all`` runs every other phase at once (processes of their own on the one
 GPU; nothing here is timed against anything else).
 
-Not yet here (issue 27): the ``train`` phase trains on the converter's output for factory-made
-segments, and ``learn`` on the student's own first turns. The ``record`` phase makes train data
-as a run does (the student's agent sessions through the proxy, ``MopdDataSource``, the black-box
-dispatch, the reward hook; tested on CPU in test_megatron_parts.py), and a scenario with
-``"data": "recorded"`` trains on it; ``all`` runs neither yet, since the proxy's store needs
-polars, whose wheel does not fit beside the tier's on the test machine.
+Train data: the ``train`` phase's scenarios train on the converter's output for factory-made
+segments, except ``plain_recorded``, which trains on samples recorded as a run records them: the
+``record`` phase runs the student's agent sessions through the recording proxy in front of the
+embedded engine (``MopdDataSource``, the black-box dispatch, the reward hook) and saves the
+samples. The proxy's store needs polars, whose wheel does not travel beside the tier's to the GPU
+machine; there ``all`` takes the samples that ``record`` wrote on another machine, from the file
+``DRESSAGE_RECORDED_SAMPLES`` names. The token ids are the embedded student's either way.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ SCENARIOS: tuple[dict[str, Any], ...] = (
     {"name": "plain_topk", "objective": "topk"},
     {"name": "colocate_offload", "objective": "topk", "extra": ["--colocate"]},
     {"name": "plain_sampled_fp32", "fp32": True},
+    {"name": "plain_recorded", "objective": "topk", "data": "recorded"},
 )
 """The layouts and objectives ``all`` runs: plain, and colocated with slime's offload of the
 actor (``--colocate`` turns ``--offload-train`` on), through torch_memory_saver; and plain in
@@ -331,6 +333,29 @@ def record(work: Path, per_task: int = 2) -> dict[str, Any]:
         "response_tokens": sum(int(sum(s.loss_mask or [])) for s in samples),
         "rewards": [s.reward for s in samples if s.reward is not None],
     }
+
+
+RECORDED_ENV = "DRESSAGE_RECORDED_SAMPLES"
+"""Names a ``recorded_samples.pt`` that the ``record`` phase wrote elsewhere."""
+
+
+def recorded_samples(work: Path) -> dict[str, Any]:
+    """``WORK/recorded_samples.pt`` for the ``plain_recorded`` scenario: recorded here when the
+    proxy's packages import, else copied from the file :data:`RECORDED_ENV` names."""
+    import importlib.util
+    import shutil
+
+    given = os.environ.get(RECORDED_ENV)
+    if all(importlib.util.find_spec(m) for m in ("polars", "fastapi", "uvicorn")):
+        return {"recorded_here": True, **record(work)}
+    if given and Path(given).is_file():
+        shutil.copyfile(given, work / RECORDED)
+        return {"recorded_here": False, "from": given}
+    raise FileNotFoundError(
+        f"no recorded samples: the proxy's packages (polars, fastapi, uvicorn) are not installed "
+        f"and {RECORDED_ENV} names no file; run `python -m tests.real_slime.gpu_rig record DIR` "
+        f"where they are and set {RECORDED_ENV}=DIR/{RECORDED}"
+    )
 
 
 def _samples(args: Any, vocab: int) -> list[Any]:
@@ -638,13 +663,21 @@ def main() -> int:
         (work / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
         print(report["error"][-3000:] if "error" in report else json.dumps(report)[:4000])
         return 0 if "error" not in report else 1
-    report = {"convert": convert(work)}
+    report: dict[str, Any] = {"convert": convert(work)}
     print(json.dumps(report["convert"], default=str)[:3000], flush=True)
+    try:
+        report["recorded"] = recorded_samples(work)
+    except (FileNotFoundError, ImportError) as exc:
+        report["recorded"] = {"error": str(exc)}
     jobs: dict[str, Job] = {}
     rig = [sys.executable, "-m", "tests.real_slime.gpu_rig"]
     for scenario in SCENARIOS:
         env = _offload_env() if "--colocate" in scenario.get("extra", []) else {}
         name = scenario["name"]
+        if scenario.get("data") == "recorded" and "error" in report["recorded"]:
+            report[name] = {"error": report["recorded"]["error"]}
+            (work / f"{name}.json").write_text(json.dumps(report[name]))
+            continue
         argv = [*rig, "train", str(work), json.dumps(scenario)]
         jobs[name] = (argv, work / f"{name}.log", 600, env)
         if name in COMPARED:
