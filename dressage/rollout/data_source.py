@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dressage.rollout.dataset_specs import PromptDataset, dataset_specs, read_rows
+from dressage.slime.rollout_args import rollout_args
 from dressage.slime.sample_meta import (
     AGENT_MODE,
     DATASET,
@@ -92,17 +93,21 @@ class _Cursor:
         self.order = self._order()
 
 
+def _key(own: str | None, flag: str | None, default: str) -> str:
+    """A dataset's row key: its own, else the slime flag's, else ``default``."""
+    return str(own or flag or default)
+
+
 class MopdDataSource:
     """slime ``DataSource`` over the run's datasets (see the module docstring)."""
 
     def __init__(self, args: Any) -> None:
         self.args = args
-        self.n_samples_per_prompt = int(getattr(args, "n_samples_per_prompt", None) or 1)
+        view = rollout_args(args)
+        self.n_samples_per_prompt = view.n_samples_per_prompt
         self.specs = {spec.name: spec for spec in dataset_specs(args)}
         self.rows = {name: read_rows(spec) for name, spec in self.specs.items()}
-        shuffle = bool(getattr(args, "rollout_shuffle", False))
-        seed = getattr(args, "rollout_seed", None)
-        seed = 42 if seed is None else int(seed)
+        shuffle, seed = view.rollout_shuffle, view.rollout_seed
         self.cursors = {
             name: _Cursor(len(rows), name, shuffle, seed) for name, rows in self.rows.items()
         }
@@ -148,16 +153,16 @@ class MopdDataSource:
         self.group_index += 1
         return group
 
-    def _key(self, spec: PromptDataset, field: str, default: str) -> str:
-        return str(getattr(spec, field) or getattr(self.args, field, None) or default)
-
     def _template(self, spec: PromptDataset, line_no: int, row: dict[str, Any]) -> Sample:
         where = f"dataset {spec.name!r} line {line_no}"
-        input_key = self._key(spec, "input_key", "input")
+        view = rollout_args(self.args)
+        input_key = _key(spec.input_key, view.input_key, "input")
         if input_key not in row:
             raise ValueError(f"{where}: no prompt under the input key {input_key!r}")
-        metadata = _row_metadata(row.get(self._key(spec, "metadata_key", "metadata")), where)
-        tool_key = getattr(self.args, "tool_key", None)
+        metadata = _row_metadata(
+            row.get(_key(spec.metadata_key, view.metadata_key, "metadata")), where
+        )
+        tool_key = view.tool_key
         if tool_key and tool_key in row:
             metadata["tools"] = row[tool_key]
         instance = metadata.get(INSTANCE_ID) or row.get("instance_id") or row.get("id")
@@ -167,7 +172,7 @@ class MopdDataSource:
             metadata[TEACHER_ID] = spec.teacher_id
         if spec.task is not None:
             metadata.setdefault(TASK, spec.task)
-        label = row.get(self._key(spec, "label_key", "label"))
+        label = row.get(_key(spec.label_key, view.label_key, "label"))
         return Sample(
             prompt=row[input_key],
             label=None if label is None else str(label),
@@ -203,7 +208,7 @@ class MopdDataSource:
 
     def save(self, rollout_id: int) -> None:
         """Write the position under ``args.save`` (no-op without it); the buffer is not kept."""
-        root = getattr(self.args, "save", None)
+        root = rollout_args(self.args).save
         if not root:
             return
         path = _state_path(root, rollout_id)
@@ -219,11 +224,12 @@ class MopdDataSource:
         starts from nothing of its own) a run continuing an earlier one
         (``--dressage-continue-from``, :mod:`dressage.slime.continue_from`) takes the position
         that run saved with its checkpoint."""
-        continued = getattr(self.args, "dressage_continue_state", None)
+        view = rollout_args(self.args)
+        continued = view.dressage_continue_state
         if continued and rollout_id is not None and rollout_id < 0:
             self.load_state_dict(json.loads(Path(continued).read_text()))
             return
-        root = getattr(self.args, "load", None)
+        root = view.load
         if not root:
             return
         if rollout_id is None:

@@ -33,6 +33,7 @@ from pydantic import ValidationError, model_validator
 
 from dressage.config.env import env_str
 from dressage.config.mopd import DatasetOptions, load_mopd_config
+from dressage.slime.rollout_args import rollout_args
 
 __all__ = ["AGENT_MODES", "PromptDataset", "dataset_specs", "read_rows"]
 
@@ -86,16 +87,17 @@ def _parse(entries: Iterable[Any], source: str) -> list[PromptDataset]:
 
 def dataset_specs(args: Any) -> list[PromptDataset]:
     """The run's datasets, from the first source that is set (see the module docstring)."""
-    inline = getattr(args, "dressage_datasets", None)
+    view = rollout_args(args)
+    inline = view.dressage_datasets
     if inline:
         entries = json.loads(inline) if isinstance(inline, str) else inline
         return _parse(entries, "args.dressage_datasets")
-    config_path = getattr(args, "mopd_config", None) or env_str("DRESSAGE_MOPD_TEACHER_CONFIG")
+    config_path = view.mopd_config or env_str("DRESSAGE_MOPD_TEACHER_CONFIG")
     if config_path:
         config = load_mopd_config(config_path)  # raises MopdConfigError naming every problem
         entries = [d.model_dump() for d in config.datasets]
         return _parse(entries, f"MOPD config {config_path}")
-    prompt_data = getattr(args, "prompt_data", None)
+    prompt_data = view.prompt_data
     if prompt_data:
         return [PromptDataset(name=Path(prompt_data).stem, path=str(prompt_data))]
     raise ValueError(

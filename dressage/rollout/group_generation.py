@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dressage.slime.hooks import load_function
+from dressage.slime.rollout_args import rollout_args
 from dressage.slime.sample_meta import describe
 from dressage.types import Sample
 
@@ -38,14 +39,15 @@ GroupResult = list[Sample | list[Sample]]
 
 def sampling_params_from_args(args: Any) -> dict[str, Any]:
     """slime's default ``sampling_params`` (§8.2) from ``--rollout-*`` flags."""
+    view = rollout_args(args)
     params: dict[str, Any] = {
-        "temperature": float(getattr(args, "rollout_temperature", 1.0) or 1.0),
-        "top_p": float(getattr(args, "rollout_top_p", 1.0) or 1.0),
-        "top_k": int(getattr(args, "rollout_top_k", -1) or -1),
-        "max_new_tokens": getattr(args, "rollout_max_response_len", None),
-        "stop": getattr(args, "rollout_stop", None),
-        "stop_token_ids": getattr(args, "rollout_stop_token_ids", None),
-        "skip_special_tokens": bool(getattr(args, "rollout_skip_special_tokens", False)),
+        "temperature": view.rollout_temperature,
+        "top_p": view.rollout_top_p,
+        "top_k": view.rollout_top_k,
+        "max_new_tokens": view.rollout_max_response_len,
+        "stop": view.rollout_stop,
+        "stop_token_ids": view.rollout_stop_token_ids,
+        "skip_special_tokens": view.rollout_skip_special_tokens,
         "no_stop_trim": True,
         "spaces_between_special_tokens": False,
     }
@@ -66,7 +68,7 @@ def leaves(items: Iterable[Any]) -> list[Sample]:
 
 
 def _generate_fn(args: Any, sample: Sample) -> Any:
-    path = sample.generate_function_path or getattr(args, "custom_generate_function_path", None)
+    path = sample.generate_function_path or rollout_args(args).custom_generate_function_path
     if not path:
         raise ValueError(
             f"{describe(sample)}: no generate function (set --custom-generate-function-path or "
@@ -98,7 +100,7 @@ async def _generate_one(
 
 
 def _single_rm_fn(args: Any, sample: Sample) -> Any:
-    path = sample.custom_rm_path or getattr(args, "custom_rm_path", None)
+    path = sample.custom_rm_path or rollout_args(args).custom_rm_path
     if not path:
         raise ValueError(
             f"{describe(sample)}: no reward function (set --custom-rm-path or the dataset's "
@@ -110,7 +112,7 @@ def _single_rm_fn(args: Any, sample: Sample) -> Any:
 async def _batched_rm(args: Any, samples: list[Any]) -> list[Any]:
     """slime's ``batched_async_rm``: one call with the list when ``--custom-rm-path`` is set,
     else each sample through its own reward function."""
-    path = getattr(args, "custom_rm_path", None)
+    path = rollout_args(args).custom_rm_path
     if path:
         rewards: list[Any] = await load_function(path)(args, samples)
         return rewards
@@ -133,7 +135,7 @@ async def _score(args: Any, item: Sample | list[Sample]) -> None:
 
 
 async def _score_group(args: Any, group: GroupResult) -> None:
-    if not getattr(args, "group_rm", False):
+    if not rollout_args(args).group_rm:
         await asyncio.gather(*(_score(args, item) for item in group))
         return
     # slime's --group-rm: the whole group in one call, one reward per entry (scored or not)
@@ -153,11 +155,11 @@ async def _generate_or_keep(
     """slime keeps a finished sample (a partial rollout's buffer) as it is."""
     done = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
     if sample.status in done:
-        if sample.reward is None and not getattr(args, "group_rm", False):
+        if sample.reward is None and not rollout_args(args).group_rm:
             raise ValueError(f"{describe(sample)}: finished ({sample.status.value}) but unscored")
         return sample
     result = await _generate_one(args, sample, sampling_params, evaluation)
-    if getattr(args, "rollout_sample_hook_path", None):
+    if rollout_args(args).rollout_sample_hook_path:
         from slime.rollout.sample_hooks import apply_rollout_sample_hooks
 
         result = await apply_rollout_sample_hooks(args, result, evaluation=evaluation)

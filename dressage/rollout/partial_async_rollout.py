@@ -73,6 +73,7 @@ from dressage.rollout.group_generation import (
     sampling_params_from_args,
 )
 from dressage.slime.hooks import load_function
+from dressage.slime.rollout_args import rollout_args
 from dressage.slime.sample_meta import describe, record_written
 from dressage.trajectory import NO_VERSION
 from dressage.types import RolloutFnEvalOutput, RolloutFnTrainOutput, Sample
@@ -145,16 +146,17 @@ def _mask_older_than(sample: Sample, bound: int) -> int:
 
 
 def _version_source(args: Any) -> Callable[[], int | None]:
-    path = getattr(args, "dressage_version_source_path", None)
+    view = rollout_args(args)
+    path = view.dressage_version_source_path
     if path:
         fn: Callable[[], int | None] = load_function(path)
         return fn
-    url = getattr(args, "dressage_proxy_url", None) or env_str("DRESSAGE_PROXY_URL")
+    url = view.dressage_proxy_url or env_str("DRESSAGE_PROXY_URL")
     if not url:
         return lambda: None
     from dressage.proxy.client import SyncProxyClient
 
-    key = getattr(args, "dressage_proxy_admin_key", None) or env_str("DRESSAGE_PROXY_ADMIN_KEY")
+    key = view.dressage_proxy_admin_key or env_str("DRESSAGE_PROXY_ADMIN_KEY")
     client = SyncProxyClient(url, admin_key=key, timeout=30.0)
 
     def from_proxy() -> int | None:
@@ -171,10 +173,9 @@ class _Worker:
         self.args = args
         self.data_source = data_source
         self.batch = int(args.rollout_batch_size)
-        limit = getattr(args, "dressage_async_groups_in_flight", None)
-        self.limit = int(limit) if limit else 2 * self.batch
-        ahead = getattr(args, "dressage_async_max_groups_ahead", None)
-        self.ahead = int(ahead) if ahead else None
+        view = rollout_args(args)
+        self.limit = view.dressage_async_groups_in_flight or 2 * self.batch
+        self.ahead = view.dressage_async_max_groups_ahead
         self.params = sampling_params_from_args(args)
         self.version_fn = _version_source(args)
         self.finished: queue.Queue[FinishedGroup] = queue.Queue()
@@ -327,10 +328,11 @@ def _staleness(
     age = current - (oldest if oldest is not None else group.start_version)
     metrics["staleness_max"] = max(metrics.get("staleness_max", 0.0), float(age))
     metrics["staleness_sum"] = metrics.get("staleness_sum", 0.0) + age
-    bound = getattr(worker.args, "dressage_max_staleness", None)
-    if bound is None or age <= int(bound):
+    view = rollout_args(worker.args)
+    bound = view.dressage_max_staleness
+    if bound is None or age <= bound:
         return True
-    policy = getattr(worker.args, "dressage_stale_policy", None) or "drop"
+    policy = view.dressage_stale_policy
     if policy == "drop":
         worker.requeue(group.templates)
         metrics["dropped_stale_groups"] = metrics.get("dropped_stale_groups", 0.0) + 1
@@ -353,7 +355,7 @@ KeepGroup = Callable[["_Worker", FinishedGroup, int, dict[str, float]], bool]
 def _dynamic_filter(args: Any) -> KeepGroup:
     """slime's ``--dynamic-sampling-filter-path`` as a keep/drop decision per finished group
     (dropped groups are counted per reason; nothing is requeued, as in slime)."""
-    path = getattr(args, "dynamic_sampling_filter_path", None)
+    path = rollout_args(args).dynamic_sampling_filter_path
     if not path:
         return lambda worker, group, kept, metrics: True
     fn = load_function(path)

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from dressage.rollout.filters import filter_verdict
 from dressage.rollout.group_generation import GroupResult, generate_group, sampling_params_from_args
 from dressage.slime.hooks import load_function
+from dressage.slime.rollout_args import rollout_args
 from dressage.slime.sample_meta import DATASET
 from dressage.types import RolloutFnEvalOutput, RolloutFnTrainOutput, Sample
 
@@ -53,7 +54,7 @@ def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
 async def _generate_groups(
     args: Any, groups: list[list[Sample]], evaluation: bool
 ) -> list[GroupResult]:
-    limit = int(getattr(args, "sglang_server_concurrency", None) or 512)
+    limit = rollout_args(args).sglang_server_concurrency
     semaphore = asyncio.Semaphore(max(limit // max(_group_size(groups), 1), 1))
     params = sampling_params_from_args(args)
 
@@ -94,7 +95,8 @@ def _eval_output(groups: list[GroupResult]) -> dict[str, dict[str, Any]]:
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
     """slime's rollout function: one batch of ``args.rollout_batch_size`` prompt groups."""
     start = time.perf_counter()
-    batch = int(getattr(args, "rollout_batch_size", None) or 1)
+    view = rollout_args(args)
+    batch = view.rollout_batch_size
     groups = data_source.get_samples(batch)
     results = run_coroutine(_generate_groups(args, groups, evaluation))
     metrics = {
@@ -103,7 +105,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     }
     if evaluation:
         return RolloutFnEvalOutput(data=_eval_output(results), metrics=metrics)
-    path = getattr(args, "dynamic_sampling_filter_path", None)
+    path = view.dynamic_sampling_filter_path
     if path:
         results = _refill(args, data_source, results, batch, load_function(path), metrics)
         metrics["perf/rollout_generate_time"] = time.perf_counter() - start

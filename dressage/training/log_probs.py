@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from dressage.causal_lm import causal_lm_hidden, output_embedding_module, to_device
 from dressage.shared_prefix import shared_prefix_hidden
 from dressage.slime.hooks import load_function
+from dressage.slime.train_args import log_prob_args
 from dressage.training.megatron_path import megatron_active, slime_response_log_probs
 
 __all__ = [
@@ -225,8 +226,8 @@ def response_log_probs(
     total, resp = list(batch["total_lengths"]), list(batch["response_lengths"])
     rows, token_rows = response_positions(total, resp, device=flat.device)
     targets = _packed_tokens(batch).to(flat.device).index_select(0, token_rows)
-    temperature = float(getattr(args, "rollout_temperature", 1.0) or 1.0)
-    chunk = int(getattr(args, "log_probs_chunk_size", 0) or 0)
+    view = log_prob_args(args)
+    temperature, chunk = view.rollout_temperature, view.chunk_tokens
     logp = token_log_probs(flat, rows, targets, temperature=temperature, chunk_tokens=chunk)
     split = [int(r) for r in resp]
     entropy = None
@@ -242,7 +243,7 @@ def log_prob_function(args: Namespace) -> LogProbFunction:
     ``args.log_prob_function_path`` when set; slime's own (vocab-parallel, CP-aware) path when
     Megatron's parallel state is up (:mod:`dressage.training.megatron_path`); else ours.
     """
-    path = getattr(args, "log_prob_function_path", None)
+    path = log_prob_args(args).log_prob_function_path
     if path:
         return load_function(path)
     if megatron_active():

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dressage.slime.train_args import policy_loss_args
 from dressage.training.log_probs import log_prob_function
 from dressage.training.reducer import Reducer
 
@@ -120,7 +121,7 @@ def _flat(values: Sequence[Tensor] | Tensor | None, key: str, device: torch.devi
 
 
 def _old_log_probs(args: Namespace, batch: Mapping[str, Any], device: torch.device) -> Tensor:
-    if getattr(args, "use_rollout_logprobs", False):
+    if policy_loss_args(args).use_rollout_logprobs:
         return _flat(batch.get("rollout_log_probs"), "rollout_log_probs", device).float()
     return _flat(batch.get("log_probs"), "log_probs", device).float()
 
@@ -130,23 +131,24 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """slime's policy loss for ``--advantage-estimator`` grpo/gspo/cispo/reinforce_plus_plus*.
 
-    Reads ``args``: advantage_estimator, eps_clip, eps_clip_high, eps_clip_c, entropy_coef,
-    use_kl_loss, kl_loss_coef, kl_loss_type, use_rollout_logprobs. ``batch`` carries slime's
+    Reads ``args`` through :func:`dressage.slime.train_args.policy_loss_args`:
+    advantage_estimator, eps_clip, eps_clip_high, eps_clip_c, entropy_coef, use_kl_loss,
+    kl_loss_coef, kl_loss_type, use_rollout_logprobs. ``batch`` carries slime's
     loss keys (``log_probs``, ``advantages``, ``loss_masks``, ``ref_log_probs``,
     ``rollout_log_probs``, ...; lists of ``[R_i]`` tensors).
     """
-    if getattr(args, "use_tis", False) or getattr(args, "use_opsm", False):
+    view = policy_loss_args(args)
+    if view.use_tis or view.use_opsm:
         raise NotImplementedError("TIS/OPSM are not implemented in dressage's policy loss")
-    estimator = getattr(args, "advantage_estimator", "grpo")
-    entropy_coef = float(getattr(args, "entropy_coef", 0.0) or 0.0)
+    estimator = view.advantage_estimator
+    entropy_coef = view.entropy_coef
     log_probs_list, entropy = log_prob_function(args)(args, batch, logits, with_entropy=True)
     log_probs = torch.cat(log_probs_list)
     device = log_probs.device
     old = _old_log_probs(args, batch, device)
     advantages = _flat(batch.get("advantages"), "advantages", device).float().detach()
-    eps = float(getattr(args, "eps_clip", 0.2))
-    eps_high = getattr(args, "eps_clip_high", None)
-    eps_high = eps if eps_high is None else float(eps_high)
+    eps = view.eps_clip
+    eps_high = eps if view.eps_clip_high is None else view.eps_clip_high
 
     if estimator == "cispo":
         pg, clipped = cispo_losses(log_probs, old, advantages, eps_clip_high=eps_high)
@@ -162,7 +164,7 @@ def policy_loss(
             advantages,
             eps_clip=eps,
             eps_clip_high=eps_high,
-            eps_clip_c=getattr(args, "eps_clip_c", None),
+            eps_clip_c=view.eps_clip_c,
         )
     pg_loss = sum_of_sample_mean(pg)
     ent = torch.cat(entropy) if entropy else log_probs.new_zeros(log_probs.shape)
@@ -174,10 +176,10 @@ def policy_loss(
         "ppo_kl": sum_of_sample_mean(-log_ratio.detach()),
         "entropy_loss": entropy_loss.detach(),
     }
-    if getattr(args, "use_kl_loss", False):
+    if view.use_kl_loss:
         ref = _flat(batch.get("ref_log_probs"), "ref_log_probs", device).float()
-        kl_loss = sum_of_sample_mean(approx_kl(log_probs, ref, getattr(args, "kl_loss_type", "k1")))
-        loss = loss + float(getattr(args, "kl_loss_coef", 0.0)) * kl_loss
+        kl_loss = sum_of_sample_mean(approx_kl(log_probs, ref, view.kl_loss_type))
+        loss = loss + view.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
     if batch.get("rollout_log_probs") is not None:
         rollout = _flat(batch["rollout_log_probs"], "rollout_log_probs", device).float()

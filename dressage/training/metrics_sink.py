@@ -31,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from dressage.slime.mopd_args import mopd_args
+
 __all__ = ["MetricsSink", "WandbSettings", "log_rollout_metrics", "rollout_metrics"]
 
 
@@ -166,7 +168,7 @@ def log_rollout_metrics(
     Appends to ``<args.mopd_metrics_dir>/rollout.jsonl`` and returns False so slime's default
     rollout logging (W&B, console) still runs.
     """
-    metrics_dir = getattr(args, "mopd_metrics_dir", None)
+    metrics_dir = mopd_args(args).mopd_metrics_dir
     if not metrics_dir:
         return False
     flat = _flatten(samples)

@@ -49,6 +49,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from dressage.slime.mopd_args import mopd_args
+from dressage.slime.train_args import actor_args
+
 __all__ = [
     "TEACHER_TAG_PREFIX",
     "combine_sums",
@@ -149,9 +152,9 @@ def _load_teachers(actor: Any, args: Any) -> list[str]:
     """
     from dressage.config.mopd import load_mopd_config
 
-    config = load_mopd_config(getattr(args, "mopd_config", None))
+    config = load_mopd_config(mopd_args(args).mopd_config)
+    saved = actor_args(args).ckpt_step
     for tid, spec in sorted(config.teachers.items()):
-        saved = getattr(args, "ckpt_step", None)
         if spec.ckpt_step is not None:
             args.ckpt_step = spec.ckpt_step
         try:
@@ -174,13 +177,14 @@ def teacher_micro_batches(
     batch as slime scheduled it.
     """
     lengths = [int(n) for n in total_lengths]
-    if getattr(args, "use_dynamic_batch_size", False):
+    view = actor_args(args)
+    if view.use_dynamic_batch_size:
         from slime.utils.seqlen_balancing import first_fit_pack
 
-        cp = int(getattr(args, "context_parallel_size", 1) or 1)
+        cp = view.context_parallel_size
         bins: list[list[int]] = first_fit_pack(lengths, int(args.max_tokens_per_gpu) * cp)
     else:
-        size = max(1, int(getattr(args, "micro_batch_size", 1) or 1))
+        size = max(1, view.micro_batch_size or 1)
         bins = [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
     if vpp_size > 1 and len(bins) % vpp_group:
         from slime.utils.seqlen_balancing import expand_bins_by_splitting
@@ -248,7 +252,7 @@ def log_teacher_metrics(args: Any, rollout_id: int) -> dict[str, float]:
 
     from dressage.training.metrics_sink import MetricsSink
 
-    folder = Path(getattr(args, "mopd_metrics_dir", None) or ".")
+    folder = Path(mopd_args(args).mopd_metrics_dir or ".")
     with MetricsSink(folder / "teachers.jsonl") as sink:
         sink.log(rollout_id, metrics)
     try:
@@ -308,7 +312,7 @@ def make_mopd_actor_cls() -> type:
             self, args: Any, role: str, with_ref: bool = False, with_opd_teacher: bool = False
         ) -> Any:
             refuse_unsupported_objective(args)
-            actor = role == "actor" and not getattr(args, "debug_rollout_only", False)
+            actor = role == "actor" and not actor_args(args).debug_rollout_only
             self._mopd_load_due = actor  # done by sleep() when slime's init ends asleep
             start_rollout_id = super().init(
                 args, role, with_ref=with_ref, with_opd_teacher=with_opd_teacher
@@ -375,7 +379,7 @@ def make_mopd_actor_cls() -> type:
             scored: dict[str, list[Any]] = {}
             self._mopd_scoring = True
             try:
-                if getattr(self.args, "use_routing_replay", False):
+                if actor_args(self.args).use_routing_replay:
                     os.environ[_REPLAY_STAGE] = "fallthrough"  # as slime's ref/teacher passes
                 # sorted: every model-parallel rank of this DP rank holds the same samples and
                 # must run the same passes in the same order.
@@ -427,7 +431,7 @@ def make_mopd_actor_cls() -> type:
             values = self._mopd_teacher_forward(get_data_iterator(sub), [len(bins)])
             if values is None:
                 return None
-            if getattr(self.args, "use_dynamic_batch_size", False):
+            if actor_args(self.args).use_dynamic_batch_size:
                 return list(values)  # slime's forward_only puts them back in sample order
             ordered: list[Any] = [None] * len(positions)
             for value, i in zip(values, (i for b in bins for i in b), strict=True):

@@ -36,6 +36,8 @@ import torch
 from torch import Tensor
 
 from dressage.config.job import MOPD_OBJECTIVES, MopdObjective
+from dressage.slime.mopd_args import mopd_args
+from dressage.slime.train_args import log_prob_args
 from dressage.training.log_probs import chunk_rows, response_positions
 from dressage.training.megatron_path import megatron_active
 from dressage.training.reducer import Reducer
@@ -50,7 +52,7 @@ def mopd_objective(args: Namespace) -> MopdObjective:
     (``dressage.training.mopd_train`` and the jobs always set it, by default
     :data:`dressage.config.run.DEFAULT_MOPD_OBJECTIVE`): only ``sampled`` needs nothing beyond
     slime's own teacher log-probs there."""
-    value = getattr(args, "mopd_objective", None) or "sampled"
+    value = mopd_args(args).mopd_objective
     for objective in MOPD_OBJECTIVES:
         if value == objective:
             return objective
@@ -177,6 +179,7 @@ def dense_reverse_kl_loss(
             "--mopd-objective dense is embedded-only for now: under Megatron the logits are "
             "vocab-parallel and the teacher's full distributions are not gathered"
         )
+    scoring = log_prob_args(args)
     flat = logits.reshape(-1, logits.shape[-1])
     rows, _ = response_positions(
         list(batch["total_lengths"]), list(batch["response_lengths"]), device=flat.device
@@ -185,8 +188,8 @@ def dense_reverse_kl_loss(
         flat,
         rows,
         _packed_teacher(batch.get("teacher_full_log_probs")),
-        temperature=float(getattr(args, "rollout_temperature", 1.0) or 1.0),
-        chunk_tokens=int(getattr(args, "log_probs_chunk_size", 0) or 0),
-        forward_weight=float(getattr(args, "mopd_forward_kl_weight", 0.0) or 0.0),
+        temperature=scoring.rollout_temperature,
+        chunk_tokens=scoring.chunk_tokens,
+        forward_weight=mopd_args(args).mopd_forward_kl_weight,
     )
     return sum_of_sample_mean(kl)

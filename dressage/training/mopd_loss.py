@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dressage.slime.mopd_args import mopd_args
+from dressage.slime.train_args import advantage_args
 from dressage.training.log_probs import log_prob_function
 from dressage.training.losses import approx_kl
 from dressage.training.megatron_path import cp_local, cp_rank, cp_world_size
@@ -54,8 +56,8 @@ DEFAULT_ADVANTAGE_CLIP = 5.0
 
 
 def _clip(args: Namespace) -> float:
-    value = getattr(args, "mopd_advantage_clip", None)
-    clip = DEFAULT_ADVANTAGE_CLIP if value is None else float(value)
+    value = mopd_args(args).mopd_advantage_clip
+    clip = DEFAULT_ADVANTAGE_CLIP if value is None else value
     if not clip > 0:
         raise ValueError(f"--mopd-advantage-clip must be > 0, got {clip}")
     return clip
@@ -75,7 +77,7 @@ def mopd_advantages(teacher_log_probs: Tensor, student_log_probs: Tensor, clip: 
 
 
 def _student_key(args: Namespace) -> str:
-    return "rollout_log_probs" if getattr(args, "use_rollout_logprobs", False) else "log_probs"
+    return advantage_args(args).student_key
 
 
 def _per_sample(rollout_data: Mapping[str, Any], key: str, n: int | None = None) -> list[Tensor]:
@@ -103,12 +105,13 @@ def _local_raw_rewards(rollout_data: Mapping[str, Any], n: int) -> list[float | 
 
 
 def _check_args(args: Namespace) -> None:
-    if getattr(args, "use_opd", False) and float(getattr(args, "opd_kl_coef", 1.0) or 0.0) != 0.0:
+    view = advantage_args(args)
+    if view.use_opd and view.opd_kl_coef != 0.0:
         raise ValueError(
             "MOPD sets the advantage itself; slime's --use-opd KL shaping would be applied on "
             "top of it. Drop --use-opd or set --opd-kl-coef 0."
         )
-    if getattr(args, "normalize_advantages", False):
+    if view.normalize_advantages:
         raise ValueError(
             "MOPD advantages are log-prob gaps; --normalize-advantages would rescale them"
         )
@@ -152,7 +155,7 @@ def compute_mopd_advantages(args: Namespace, rollout_data: MutableMapping[str, A
         masks = cp_local(whole, rollout_data["total_lengths"], rollout_data["response_lengths"])
         raw_rewards = raw_rewards if cp_rank() == 0 else None
     rollout_ids = rollout_data.get("rollout_ids") or list(range(n))
-    defer = bool(getattr(args, "mopd_defer_rollout_metrics", False))
+    defer = mopd_args(args).mopd_defer_rollout_metrics
     metrics = mopd_teacher_metrics(
         teacher_ids=[str(t) for t in teacher_ids],
         rollout_ids=[int(r) for r in rollout_ids],

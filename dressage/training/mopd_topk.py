@@ -61,6 +61,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from dressage.config.job import DEFAULT_MOPD_TOPK
+from dressage.slime.mopd_args import mopd_args
+from dressage.slime.train_args import log_prob_args
 from dressage.training.log_probs import causal_lm_response_hidden, chunk_rows
 from dressage.training.megatron_path import (
     cp_local,
@@ -629,8 +631,8 @@ def topk_kl(
 
 def mopd_topk(args: Namespace) -> int:
     """``args.mopd_topk`` (None or absent: :data:`DEFAULT_MOPD_TOPK`), checked to be >= 1."""
-    value = getattr(args, "mopd_topk", None)
-    k = DEFAULT_MOPD_TOPK if value is None else int(value)
+    value = mopd_args(args).mopd_topk
+    k = DEFAULT_MOPD_TOPK if value is None else value
     if k < 1:
         raise ValueError(f"--mopd-topk must be at least 1, got {k}")
     return k
@@ -676,7 +678,8 @@ def topk_kl_loss(
         ``(loss, per-token parts, the teacher's support)``: the parts (:class:`TopkKL`) and the
         support row for row in the order of slime's response log-probs (CP-local), for metrics.
     """
-    if getattr(args, "allgather_cp", False) and cp_world_size() > 1:
+    view, scoring = mopd_args(args), log_prob_args(args)
+    if view.allgather_cp and cp_world_size() > 1:
         raise ValueError(
             "--mopd-objective topk does not support --allgather-cp (it follows slime's zigzag "
             "context-parallel layout); drop --allgather-cp"
@@ -701,9 +704,9 @@ def topk_kl_loss(
         torch.cat([t.reshape(-1) for t in targets]).to(device),
         support,
         torch.cat([torch.as_tensor(t).reshape(-1) for t in teacher]),
-        temperature=float(getattr(args, "rollout_temperature", 1.0) or 1.0),
-        chunk_tokens=int(getattr(args, "log_probs_chunk_size", 0) or 0),
-        forward_weight=float(getattr(args, "mopd_forward_kl_weight", 0.0) or 0.0),
+        temperature=scoring.rollout_temperature,
+        chunk_tokens=scoring.chunk_tokens,
+        forward_weight=view.mopd_forward_kl_weight,
         group=group,
         vocab_start=start,
     )

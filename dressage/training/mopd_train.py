@@ -48,8 +48,10 @@ from dressage.config.mopd import (
 from dressage.slime.args import add_dressage_arguments
 from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
+from dressage.slime.mopd_args import mopd_args
 from dressage.slime.periodic import PeriodicAction, periodic_action
 from dressage.slime.tracking import keep_wandb_run
+from dressage.slime.train_args import actor_args
 
 __all__ = [
     "MOPD_FLAG_DEFAULTS",
@@ -174,18 +176,18 @@ def check_config_and_checkpoints(args: Any) -> None:
     config = load_mopd_config(args.mopd_config)
     report = validate_mopd_run(config, args)
     report.problems += slime_objective_problems(args)
-    k = getattr(args, "mopd_topk", None)
-    topk = DEFAULT_MOPD_TOPK if k is None else k
+    mopd, actor = mopd_args(args), actor_args(args)
+    topk = DEFAULT_MOPD_TOPK if mopd.mopd_topk is None else mopd.mopd_topk
     report.problems += validate_mopd_checkpoints(
         config,
-        hf_checkpoint=getattr(args, "hf_checkpoint", None),
-        ref_load=getattr(args, "ref_load", None),
-        ckpt_step=getattr(args, "ref_ckpt_step", None),
-        mopd_topk=topk if getattr(args, "mopd_objective", None) == "topk" else None,
+        hf_checkpoint=actor.hf_checkpoint,
+        ref_load=actor.ref_load,
+        ckpt_step=actor.ref_ckpt_step,
+        mopd_topk=topk if mopd.mopd_objective == "topk" else None,
     )
-    if getattr(args, "dressage_continue_state", None):  # --dressage-continue-from, applied
+    if actor.continued:  # --dressage-continue-from, applied
         report.problems += continued_checkpoint_problems(
-            getattr(args, "hf_checkpoint", None), args.load, args.ckpt_step
+            actor.hf_checkpoint, args.load, args.ckpt_step
         )
     report.raise_if_failed("MOPD run")
 

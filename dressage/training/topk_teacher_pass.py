@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dressage.slime.mopd_args import mopd_args
+from dressage.slime.train_args import log_prob_args
 from dressage.training.megatron_path import cp_local, local_response_rows, tensor_parallel_shard
 from dressage.training.mopd_topk import TeacherSupport, attach_support, mopd_topk, teacher_support
 
@@ -57,9 +59,8 @@ float32 log-probs and the ``[R_i]`` float32 tail (forward_only prefixes them).""
 
 def check_topk_options(args: Namespace) -> None:
     """Fail on the slime options the top-k objective cannot follow, naming them."""
-    allgather_cp = bool(getattr(args, "allgather_cp", False))
-    top_p = getattr(args, "rollout_top_p", None)
-    top_p = 1.0 if top_p is None else float(top_p)
+    view = mopd_args(args)
+    allgather_cp, top_p = view.allgather_cp, view.rollout_top_p
     if allgather_cp or top_p < 1.0:
         raise ValueError(
             f"--mopd-objective topk supports neither --allgather-cp (got {allgather_cp}) nor "
@@ -99,13 +100,14 @@ def response_supports(
     targets = cp_local(responses, total, resp)
     group, start = tensor_parallel_shard(int(flat.shape[-1]))
     device = flat.device
+    scoring = log_prob_args(args)
     support, target_lp = teacher_support(
         flat,
         torch.cat(rows).to(device),
         torch.cat([t.reshape(-1) for t in targets]).to(device),
         mopd_topk(args),
-        temperature=float(getattr(args, "rollout_temperature", 1.0) or 1.0),
-        chunk_tokens=int(getattr(args, "log_probs_chunk_size", 0) or 0),
+        temperature=scoring.rollout_temperature,
+        chunk_tokens=scoring.chunk_tokens,
         group=group,
         vocab_start=start,
     )

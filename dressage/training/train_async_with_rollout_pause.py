@@ -55,6 +55,7 @@ from dressage.slime.args import add_dressage_arguments, loop_args
 from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.periodic import periodic_action
 from dressage.slime.tracking import keep_wandb_run
+from dressage.slime.train_args import actor_args
 from dressage.training.proxy_pause_client import RolloutPause, update_weights_with_pause
 
 __all__ = [
@@ -108,7 +109,7 @@ class AsyncTrainBackend(Protocol):
 
 def _refuse_release_train(args: Any, backend: AsyncTrainBackend) -> None:
     """``--release-train``, refused before anything runs on a backend that cannot release."""
-    if getattr(args, "release_train", False) and not backend.releases_train:
+    if actor_args(args).release_train and not backend.releases_train:
         raise ValueError(
             f"--release-train: {type(backend).__name__} cannot release its trainer between "
             "steps; drop the flag or train on the slime backend"
@@ -172,7 +173,7 @@ class SlimeBackend:
             create_training_models,
         )
 
-        if getattr(args, "colocate", False):
+        if actor_args(args).colocate:
             raise ValueError("async training cannot run with --colocate (as slime's train_async)")
         logging_utils.configure_logger()
         self.args = args
@@ -221,7 +222,7 @@ class SlimeBackend:
 
     def update_weights(self) -> int | None:
         self.actor_model.update_weights()
-        if getattr(self.args, "check_weight_update_equal", False) and not self._checked:
+        if actor_args(self.args).check_weight_update_equal and not self._checked:
             self._checked = True  # as slime: once, after the initial push
             self._ray.get(self.rollout_manager.check_weights.remote(action="compare"))
         return None  # slime numbers its versions itself: the proxy reads the engine's
@@ -257,7 +258,7 @@ def add_rollout_pause_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
 
 def _continued_problems(args: Any) -> list[str]:
     """What keeps the checkpoint ``--dressage-continue-from`` named from starting this student."""
-    if not getattr(args, "dressage_continue_state", None):
+    if not actor_args(args).continued:
         return []
     from dressage.training.checkpoints import continued_checkpoint_problems
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from dressage.slime.hooks import load_function
+from dressage.slime.train_args import advantage_args
 from dressage.training.losses import approx_kl
 
 __all__ = ["compute_advantages_and_returns", "masked_whiten"]
@@ -65,23 +66,22 @@ def _discounted(rewards: Tensor, gamma: float) -> Tensor:
 
 def compute_advantages_and_returns(args: Namespace, rollout_data: MutableMapping[str, Any]) -> None:
     """Set ``kl``, ``advantages`` and ``returns`` (lists of ``[R_i]`` float32 tensors)."""
-    key = "rollout_log_probs" if getattr(args, "use_rollout_logprobs", False) else "log_probs"
-    log_probs: list[Tensor] = rollout_data[key]
+    view = advantage_args(args)
+    log_probs: list[Tensor] = rollout_data[view.student_key]
     masks: list[Tensor] = rollout_data["loss_masks"]
-    kl_coef = float(getattr(args, "kl_coef", 0.0) or 0.0)
+    kl_coef = view.kl_coef
     ref = rollout_data.get("ref_log_probs")
     if kl_coef != 0.0:
         if ref is None:  # slime loads a reference model whenever --kl-coef is set
             raise KeyError("--kl-coef != 0 needs rollout_data['ref_log_probs'] (a reference)")
-        kind = getattr(args, "kl_loss_type", "k1")
-        kl = [approx_kl(lp, r, kind) for lp, r in zip(log_probs, ref, strict=True)]
+        kl = [approx_kl(lp, r, view.kl_loss_type) for lp, r in zip(log_probs, ref, strict=True)]
     else:
         kl = [torch.zeros_like(lp) for lp in log_probs]
     rollout_data["kl"] = kl
 
-    estimator = getattr(args, "advantage_estimator", "grpo")
-    custom = getattr(args, "custom_advantage_function_path", None)
-    if estimator in _NEED_WHITENING and not getattr(args, "normalize_advantages", False):
+    estimator = view.advantage_estimator
+    custom = view.custom_advantage_function_path
+    if estimator in _NEED_WHITENING and not view.normalize_advantages:
         raise ValueError(f"{estimator} requires --normalize-advantages (as slime's parser)")
     if custom:
         load_function(custom)(args, rollout_data)
@@ -102,7 +102,7 @@ def compute_advantages_and_returns(args: Namespace, rollout_data: MutableMapping
             if not trainable.numel():  # slime asserts the same: the return has no last token
                 raise ValueError(f"reinforce_plus_plus: sample {i} has no trainable token")
             token_rewards[int(trainable[-1])] += r
-            returns.append(_discounted(token_rewards, float(getattr(args, "gamma", 1.0))))
+            returns.append(_discounted(token_rewards, view.gamma))
         rollout_data["advantages"], rollout_data["returns"] = returns, [x.clone() for x in returns]
     elif estimator == "ppo":
         raise NotImplementedError(
@@ -115,13 +115,13 @@ def compute_advantages_and_returns(args: Namespace, rollout_data: MutableMapping
     if "advantages" not in rollout_data or "returns" not in rollout_data:
         raise KeyError(f"advantage hook {custom!r} did not set 'advantages' and 'returns'")
 
-    if getattr(args, "use_opd", False):
+    if view.use_opd:
         teacher = rollout_data.get("teacher_log_probs")
         if teacher is None:
             raise KeyError("--use-opd needs rollout_data['teacher_log_probs']")
-        coef = float(getattr(args, "opd_kl_coef", 1.0))
+        coef = view.opd_kl_coef
         advantages = rollout_data["advantages"]
         for i, (s, t) in enumerate(zip(log_probs, teacher, strict=True)):  # in place, as slime
             advantages[i] = advantages[i] - coef * (s - t)
-    if getattr(args, "normalize_advantages", False):
+    if view.normalize_advantages:
         rollout_data["advantages"] = masked_whiten(rollout_data["advantages"], masks)

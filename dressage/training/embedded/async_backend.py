@@ -37,6 +37,8 @@ from typing import Any, ClassVar
 
 import httpx
 
+from dressage.slime.train_args import actor_args
+
 __all__ = ["EmbeddedAsyncBackend", "RolloutBatch", "TimelineEvent"]
 
 log = logging.getLogger(__name__)
@@ -124,7 +126,7 @@ class EmbeddedAsyncBackend:
             self.on_trained(rollout_data, metrics)
 
     def save(self, rollout_id: int, *, force_sync: bool = False) -> None:
-        root = getattr(self.trainer.args, "save", None)
+        root = actor_args(self.trainer.args).save
         if not root:
             return
         from dressage.training.embedded.checkpoint import save_checkpoint

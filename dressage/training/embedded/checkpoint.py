@@ -71,6 +71,7 @@ import numpy as np
 import torch
 
 from dressage.config.problems import Problem
+from dressage.slime.train_args import actor_args
 from dressage.training.checkpoints import (
     TRACKER,
     CheckpointError,
@@ -370,10 +371,11 @@ def load_checkpoint(args: Any, trainer: Any, rollout_manager: Any = None) -> Res
         CheckpointMismatchError: another model or other teachers.
         CheckpointError: a file of the checkpoint cannot be read or does not fit.
     """
-    root = getattr(args, "load", None)
+    view = actor_args(args)
+    root = view.load
     if not root:
         return None
-    folder = latest_checkpoint(root, getattr(args, "ckpt_step", None))
+    folder = latest_checkpoint(root, view.ckpt_step)
     if folder is None:
         log.info("--load %s holds no checkpoint: training starts from %s", root, trainer.model_path)
         return None
@@ -381,7 +383,7 @@ def load_checkpoint(args: Any, trainer: Any, rollout_manager: Any = None) -> Res
     trainer.num_steps = int(state["num_steps"])
     _set_rng_state(state["rng"])
     rollout_id = int(meta["rollout_id"])
-    if getattr(args, "start_rollout_id", None) is None:
+    if view.start_rollout_id is None:
         args.start_rollout_id = rollout_id + 1
     log.info(
         "resumed from %s: rollout %d, %d optimizer steps", folder, rollout_id, trainer.num_steps

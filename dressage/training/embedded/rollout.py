@@ -48,6 +48,7 @@ from dressage.slime.sample_meta import (
     SEGMENT_INDEX,
     TEACHER_ID,
 )
+from dressage.slime.train_args import SLIME_DEFAULT_ROLLOUT_FUNCTION, actor_args
 from dressage.training.metrics_sink import rollout_metrics
 from dressage.types import RolloutFnTrainOutput, Sample
 
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 DEFAULT_CONVERTER = "dressage.rollout.convert_samples.convert_samples_to_train_data"
-SLIME_DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
+SLIME_DEFAULT_ROLLOUT = SLIME_DEFAULT_ROLLOUT_FUNCTION
 
 RolloutFn = Callable[..., Any]
 ROLLOUT_STATE_VERSION = 1
@@ -148,13 +149,13 @@ class EmbeddedRolloutManager:
         self.args = args
         self.data_source = data_source
         self.rollout_fn = rollout_fn or self._default_rollout_fn()
-        converter = getattr(args, "custom_convert_samples_to_train_data_path", None)
+        converter = actor_args(args).custom_convert_samples_to_train_data_path
         self.convert = load_function(converter or DEFAULT_CONVERTER)
         self._before: dict[int, dict[str, Any]] = {}  # rollout id -> the state before it
         self._lock = threading.Lock()
 
     def _default_rollout_fn(self) -> RolloutFn:
-        path = getattr(self.args, "rollout_function_path", None)
+        path = actor_args(self.args).rollout_function_path
         if path and path != SLIME_DEFAULT_ROLLOUT:
             return load_function(path)
         from dressage.rollout.sync_rollout import generate_rollout

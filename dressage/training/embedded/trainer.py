@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from dressage.causal_lm import output_embedding_module
 from dressage.slime.hooks import load_function
+from dressage.slime.train_args import actor_args, log_prob_args, optimizer_args
 from dressage.training.embedded.advantages import compute_advantages_and_returns
 from dressage.training.embedded.args import LR_DECAY_STYLES, SLIME_TRAIN_DEFAULTS
 from dressage.training.embedded.data import check_train_data, select
@@ -75,13 +76,14 @@ def _teacher_tag(teacher_id: str) -> str:
 
 
 def _loss_function(args: Namespace) -> Any:
-    loss_type = getattr(args, "loss_type", "policy_loss")
+    view = actor_args(args)
+    loss_type = view.loss_type
     if loss_type == "policy_loss":
         return policy_loss
     if loss_type == "sft_loss":
         return sft_loss
     if loss_type == "custom_loss":
-        path = getattr(args, "custom_loss_function_path", None)
+        path = view.custom_loss_function_path
         if not path:
             raise ValueError("--loss-type custom_loss needs --custom-loss-function-path")
         return load_function(path)
@@ -126,14 +128,15 @@ class EmbeddedTrainer:
         objective = mopd_objective(args)
         self.dense = objective == "dense"
         self.topk = mopd_topk(args) if objective == "topk" else 0
-        path = model_path or getattr(args, "hf_checkpoint", None)
+        view = actor_args(args)
+        path = model_path or view.hf_checkpoint
         if path is None:
             raise ValueError("no student model: pass model_path or set args.hf_checkpoint")
         self.model_path = Path(path)
         self.teachers = dict(teachers or {})
         self._check_sources()
-        self.device = resolve_device(getattr(args, "device", "auto"))
-        torch.manual_seed(int(getattr(args, "seed", 1234)))
+        self.device = resolve_device(view.device)
+        torch.manual_seed(view.seed)
         model: nn.Module = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype)
         self.model = model.to(self.device).eval()  # no dropout: old == new log-probs at step 0
         self._check_topk()
@@ -151,9 +154,9 @@ class EmbeddedTrainer:
     # -- setup ---------------------------------------------------------------------------------
 
     def _opd_teacher(self) -> str | None:
-        args = self.args
-        if getattr(args, "use_opd", False) and getattr(args, "opd_type", None) == "megatron":
-            path = getattr(args, "opd_teacher_load", None)
+        view = actor_args(self.args)
+        if view.use_opd and view.opd_type == "megatron":
+            path = view.opd_teacher_load
             if not path:
                 raise ValueError("--use-opd --opd-type megatron needs --opd-teacher-load")
             return str(path)
@@ -183,17 +186,18 @@ class EmbeddedTrainer:
         opd = self._opd_teacher()
         if not (self.teachers or opd or self._needs_ref()):
             return None
+        log_probs = log_prob_args(self.args)
         bank = TeacherBank(
             self.model,
-            temperature=float(getattr(self.args, "rollout_temperature", 1.0) or 1.0),
-            chunk_tokens=max(int(getattr(self.args, "log_probs_chunk_size", -1) or -1), 0),
+            temperature=log_probs.rollout_temperature,
+            chunk_tokens=log_probs.chunk_tokens,
         )
         for tid, path in sorted(self.teachers.items()):
             bank.add_teacher(_teacher_tag(tid), path)
         if opd:
             bank.add_teacher(_OPD_TAG, opd)
         if self._needs_ref():
-            ref = getattr(self.args, "ref_load", None)
+            ref = actor_args(self.args).ref_load
             if ref:
                 bank.add_teacher(_REF_TAG, ref)
             else:  # slime's default reference: the initial student
@@ -202,7 +206,7 @@ class EmbeddedTrainer:
 
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:
-        if getattr(self.args, "bf16", False) and self.device.type == "cuda":
+        if actor_args(self.args).bf16 and self.device.type == "cuda":
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 yield
         else:
@@ -215,19 +219,19 @@ class EmbeddedTrainer:
         start = time.perf_counter()
         args = self.args
         check_train_data(train_data, teachers=set(self.teachers) if self.teachers else None)
-        dynamic = getattr(args, "use_dynamic_batch_size", False)
+        view = actor_args(args)
         schedule = build_schedule(
             train_data["rollout_ids"],
             [len(t) for t in train_data["tokens"]],
             global_batch_size=args.global_batch_size,
-            micro_batch_size=getattr(args, "micro_batch_size", 1),
-            max_tokens_per_gpu=getattr(args, "max_tokens_per_gpu", None) if dynamic else None,
+            micro_batch_size=view.micro_batch_size,
+            max_tokens_per_gpu=view.max_tokens_per_gpu if view.use_dynamic_batch_size else None,
         )
         rollout_data = select(train_data, schedule.order, self.device)
         self._log_probs(rollout_data)
         scored = time.perf_counter()
         compute_advantages_and_returns(args, rollout_data)
-        postprocess = getattr(args, "rollout_data_postprocess_path", None)
+        postprocess = view.rollout_data_postprocess_path
         if postprocess:
             load_function(postprocess)(args, rollout_id, rollout_data)
         metrics = self._rollout_metrics(rollout_data, schedule)
@@ -254,7 +258,7 @@ class EmbeddedTrainer:
         if self._needs_ref():
             keys.append("ref_log_probs")
             tags += [_REF_TAG] * n
-        max_tokens = int(getattr(self.args, "log_probs_max_tokens", 16384))
+        max_tokens = actor_args(self.args).log_probs_max_tokens
         # dense MOPD: each teacher's whole log-softmax, from which its sampled-token log-probs
         # are read, so a teacher still runs once; topk: its sampled-token log-probs carry its
         # top-K supports
@@ -289,8 +293,8 @@ class EmbeddedTrainer:
         self, tokens: list[Tensor], resp: list[int], max_tokens: int
     ) -> list[Tensor]:
         out: list[Tensor] = [torch.zeros(0)] * len(tokens)
-        chunk = max(int(getattr(self.args, "log_probs_chunk_size", -1) or -1), 0)
-        temperature = float(getattr(self.args, "rollout_temperature", 1.0) or 1.0)
+        log_probs = log_prob_args(self.args)
+        chunk, temperature = log_probs.chunk_tokens, log_probs.rollout_temperature
         for mb in plan_micro_batches([int(t.numel()) for t in tokens], max_tokens):
             scored = causal_lm_response_log_probs(
                 self.model,
@@ -353,7 +357,7 @@ class EmbeddedTrainer:
 
     def _train_step(self, rollout_data: dict[str, Any], step: TrainStep) -> dict[str, float]:
         args = self.args
-        per_token = bool(getattr(args, "calculate_per_token_loss", False))
+        per_token = actor_args(args).calculate_per_token_loss
         if per_token:
             tokens = sum(float(rollout_data["loss_masks"][i].sum()) for i in step.positions)
             denom = max(tokens, 1.0)
@@ -378,7 +382,7 @@ class EmbeddedTrainer:
                 sums[key] = sums.get(key, 0.0) + torch.as_tensor(value).detach().float() / denom
             del logits, loss
         params = [p for p in self.model.parameters() if p.grad is not None]
-        clip = float(getattr(args, "clip_grad", 1.0) or 0.0)
+        clip = optimizer_args(args).clip_grad
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
         if not torch.isfinite(grad_norm):
             raise FloatingPointError(f"step {self.num_steps}: gradient norm is {float(grad_norm)}")
@@ -399,12 +403,12 @@ class EmbeddedTrainer:
         warm-up over ``lr_warmup_iters`` steps to ``lr``, then ``lr_decay_style`` (``constant``,
         ``linear`` or ``cosine``) from ``lr`` to ``min_lr`` at step ``lr_decay_iters`` (default:
         the run's optimizer steps), ``min_lr`` after."""
-        args = self.args
-        peak, floor = float(args.lr), float(getattr(args, "min_lr", 0.0) or 0.0)
-        warmup = int(getattr(args, "lr_warmup_iters", 0) or 0)
+        view = optimizer_args(self.args)
+        peak, floor = float(self.args.lr), view.min_lr
+        warmup = view.lr_warmup_iters
         if step < warmup:
             return peak * (step + 1) / warmup
-        style = getattr(args, "lr_decay_style", "constant") or "constant"
+        style = view.lr_decay_style
         if style == "constant":
             return peak
         total = self._decay_iters()
@@ -416,18 +420,17 @@ class EmbeddedTrainer:
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * ratio))
 
     def _decay_iters(self) -> int:
-        args = self.args
-        explicit = getattr(args, "lr_decay_iters", None)
-        if explicit:
-            return int(explicit)
-        rollouts = getattr(args, "num_rollout", None)
+        args, view = self.args, optimizer_args(self.args)
+        if view.lr_decay_iters:
+            return view.lr_decay_iters
+        rollouts = view.num_rollout
         if not rollouts:
             raise ValueError(
                 f"lr_decay_style {args.lr_decay_style!r} needs lr_decay_iters or num_rollout "
                 "(the decay's length in optimizer steps)"
             )
-        samples = int(args.rollout_batch_size) * int(getattr(args, "n_samples_per_prompt", 1) or 1)
-        return int(rollouts) * max(samples // int(args.global_batch_size), 1)
+        samples = int(args.rollout_batch_size) * view.n_samples_per_prompt
+        return rollouts * max(samples // int(args.global_batch_size), 1)
 
     # -- weights ---------------------------------------------------------------------------------
 
