@@ -3,7 +3,8 @@
 The services start as the README's "The proxy on its own" starts them (``dressage engine serve``
 with the tiny model of ``dressage assets``, ``dressage-proxy --record-token-versions``, keys in
 ``DRESSAGE_PROXY_ADMIN_KEY`` and ``DRESSAGE_ENGINE_ADMIN_KEY``), as subprocesses on loopback,
-and are attacked in six parts (the modules of ``scripts/chaos_parts/`` say how):
+and are attacked in seven parts, then Airflow itself in an eighth (the modules of
+``scripts/chaos_parts/`` say how):
 
 1. ``kill -9`` of the proxy, round after round, under live multi-turn sessions of the ``openai``
    SDK: no answered step lost or duplicated after each restart, and every session goes on;
@@ -15,12 +16,17 @@ and are attacked in six parts (the modules of ``scripts/chaos_parts/`` say how):
 6. the auth matrices and the bad-input tests, run and counted;
 7. the embedded MOPD training job killed with ``kill -9`` mid-run and run again on its folder:
    it resumes from its last checkpoint, loses at most one save interval of steps, logs every
-   step once, and ends as accurate as uninterrupted runs of the same seeds.
+   step once, and ends as accurate as uninterrupted runs of the same seeds;
+8. Airflow's scheduler and triggerer killed with ``kill -9`` while a ``dressage_mopd`` run's
+   ``train`` is deferred, and started again: the job runs on in its own session, the new
+   triggerer polls it to its end, and the run succeeds with ``train`` on its first try and
+   every step logged once.
 
-    python scripts/chaos.py            # the full run: about 30 minutes on 2 cores
-    python scripts/chaos.py --quick    # every part, small numbers (tests/test_chaos_script.py)
+    python scripts/chaos.py            # the full run: about 35 minutes on 2 cores
+    python scripts/chaos.py --quick    # every part, small numbers (the test runs all but 8)
     python scripts/chaos.py --parts soak --soak-seconds 10
     python scripts/chaos.py --parts resume     # part 7 alone: 3 seeds, straight and crashed
+    python scripts/chaos.py --parts airflow    # part 8 alone: about 5 minutes on 2 cores
 
 The last line printed is one JSON object with every figure; ``ok`` says whether each part held.
 Everything runs under a temporary folder (``--workdir`` keeps it, with every service's log).
@@ -43,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's d
 # chaos_parts (and dressage with it) is imported once the arguments are checked: a refused
 # command line costs no import of the services.
 
-PARTS = ("kills", "damage", "soak", "engine_death", "fuzz", "suites", "resume")
+PARTS = ("kills", "damage", "soak", "engine_death", "fuzz", "suites", "resume", "airflow")
 FULL: dict[str, Any] = {
     "kill_sessions": 20,
     "kill_rounds": 5,
@@ -59,6 +65,9 @@ FULL: dict[str, Any] = {
     "kill_after": 55,
     "resume_prompts": 32,
     "resume_parallel": 3,
+    "airflow_steps": 12,
+    "airflow_save_interval": 4,
+    "restart_after_s": 5.0,
 }
 QUICK: dict[str, Any] = {
     "kill_sessions": 4,
@@ -75,6 +84,9 @@ QUICK: dict[str, Any] = {
     "kill_after": 2,
     "resume_prompts": 2,
     "resume_parallel": 2,
+    "airflow_steps": 3,
+    "airflow_save_interval": 1,
+    "restart_after_s": 1.0,
 }
 
 
@@ -98,6 +110,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kill-after", type=int, help="part 7: kill -9 once this step is printed")
     p.add_argument("--resume-prompts", type=int, help="part 7's prompts per step")
     p.add_argument("--resume-parallel", type=int, help="part 7's jobs at once")
+    p.add_argument("--airflow-steps", type=int, help="part 8's training steps (full run: 12)")
+    p.add_argument("--airflow-save-interval", type=int, help="part 8's steps between checkpoints")
+    p.add_argument(
+        "--restart-after-s", type=float, help="part 8: seconds from the kills to the restart"
+    )
     p.add_argument("--workdir", type=Path, help="keep logs and stores here (default: a temp dir)")
     args = p.parse_args(argv)
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
@@ -117,6 +134,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(
             f"--kill-after {numbers['kill_after']} must be below --resume-steps "
             f"{numbers['resume_steps']} (the job must be killed mid-run)"
+        )
+    if numbers["airflow_steps"] < 2:
+        p.error(
+            f"--airflow-steps must be at least 2, got {numbers['airflow_steps']} (Airflow is "
+            "killed after step 1, mid-run)"
         )
     args.numbers = numbers
     return args
@@ -156,6 +178,10 @@ def held(figures: dict[str, Any], parts: list[str]) -> dict[str, bool]:
         from chaos_parts.resume import held as resume_held
 
         ok["resume"] = resume_held(r)
+    if a := figures.get("airflow"):
+        from chaos_parts.airflow_restart import held as airflow_held
+
+        ok["airflow"] = airflow_held(a)
     if t := figures.get("suites"):
         ok["suites"] = (
             t["tests"]["failed"] == 0
@@ -240,6 +266,17 @@ def run(args: argparse.Namespace, workdir: Path, figures: dict[str, Any]) -> Non
                 workdir, seeds=list(n["resume_seeds"]), steps=n["resume_steps"],
                 save_interval=n["save_interval"], kill_after=n["kill_after"],
                 prompts=n["resume_prompts"], parallel=n["resume_parallel"], quick=args.quick,
+            )  # fmt: skip
+        if "airflow" in parts:
+            from chaos_parts.airflow_restart import airflow_restart_round
+
+            print(
+                f"part 8: Airflow's scheduler and triggerer killed with kill -9 during train "
+                f"({n['airflow_steps']} steps) and started again"
+            )
+            figures["airflow"] = airflow_restart_round(
+                workdir, steps=n["airflow_steps"], save_interval=n["airflow_save_interval"],
+                restart_after_s=n["restart_after_s"],
             )  # fmt: skip
         if args.quick or not tests.files:
             figures.update(tests.result())
