@@ -79,6 +79,41 @@ FIT_ON_ONE_CARD: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+TRAIN_BYTES_PER_PARAMETER = 18
+"""What training holds per parameter before activations: bf16 weights (2), the float32 gradient
+buffer (4) and main parameters (4), Adam's two float32 moments (8)."""
+ACTIVATION_HEADROOM = 24e9
+"""Bytes left for the step's activations and logits at 8k tokens (4B measured: 72 GB of states
+did not fit beside them on an 80 GB H100)."""
+
+
+def parameters(shape: dict[str, Any]) -> int:
+    """Parameters of a Qwen3-shaped model with tied embeddings."""
+    hidden, heads, kv = (
+        shape["hidden_size"],
+        shape["num_attention_heads"],
+        shape["num_key_value_heads"],
+    )
+    head_dim = shape.get("head_dim", hidden // heads)
+    attention = hidden * head_dim * (heads + 2 * kv) + heads * head_dim * hidden + 2 * head_dim
+    mlp = 3 * hidden * shape["intermediate_size"]
+    layer = attention + mlp + 2 * hidden
+    return shape["vocab_size"] * hidden + shape["num_hidden_layers"] * layer + hidden
+
+
+def does_not_fit(name: str, total_bytes: int) -> str | None:
+    """Why the shape cannot train on a GPU of ``total_bytes`` (None when it can)."""
+    need = parameters(shapes()[name]) * TRAIN_BYTES_PER_PARAMETER + ACTIVATION_HEADROOM
+    if need <= total_bytes:
+        return None
+    return (
+        f"{name}: training it needs about {need / GB:.0f} GB (weights, gradients, main parameters "
+        f"and Adam's moments at {TRAIN_BYTES_PER_PARAMETER} bytes a parameter, and "
+        f"{ACTIVATION_HEADROOM / GB:.0f} GB for an 8k-token step) and this GPU has "
+        f"{total_bytes / GB:.0f} GB: run it on a larger one (an H200 has 141 GB)"
+    )
+
+
 def measure_shape(
     name: str, work: Path, lengths: list[int], counts: list[int], repeats: int, prompt: int
 ) -> dict[str, Any]:
@@ -184,8 +219,14 @@ def main() -> None:
     counts = [int(x) for x in args.teachers.split(",")]
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="rotation_slime_"))
-    reports, rows = {}, []
+    reports, rows, skipped = {}, [], {}
+    total = torch.cuda.get_device_properties(0).total_memory
     for name in args.shapes.split(","):
+        why = does_not_fit(name, total)
+        if why:
+            print(f"\nskipped {why}", flush=True)
+            skipped[name] = why
+            continue
         reports[name] = measure_shape(name, work / name, lengths, counts, args.repeats, args.prompt)
         rows += table(name, reports[name])
     judged = "qwen3-4b" if "qwen3-4b" in reports else next(iter(reports))
@@ -219,6 +260,7 @@ def main() -> None:
             name: linear(rep["init"]["backup_pinned_bytes_after_each_load"])
             for name, rep in reports.items()
         },
+        "skipped": skipped,
         "seconds": round(time.perf_counter() - started, 1),
     }
     out = Path(args.out)

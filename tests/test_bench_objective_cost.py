@@ -95,3 +95,19 @@ def test_the_benches_through_slime_say_what_they_need(argv: list[str], says: str
     )
     assert done.returncode != 0
     assert says in done.stderr
+
+
+def test_the_rotation_bench_skips_a_shape_the_gpu_cannot_train() -> None:
+    """bench/teacher_rotation_slime.py counts a shape's parameters as Megatron built them (the
+    4B shape measured 4,022,468,096 on the GPU) and skips, with one sentence, a shape whose
+    training states and an 8k-token step do not fit the card (4B on an 80 GB H100 ran out of
+    memory in every case)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import teacher_rotation_slime as bench
+
+    assert bench.parameters(bench.shapes()["qwen3-4b"]) == 4_022_468_096
+    h100, h200 = 79.18 * 2**30, 139.8 * 2**30
+    assert bench.does_not_fit("qwen3-0.6b", h100) is None
+    assert bench.does_not_fit("qwen3-4b", h200) is None
+    why = bench.does_not_fit("qwen3-4b", h100)
+    assert why is not None and "needs about 96 GB" in why and "this GPU has 85 GB" in why
