@@ -78,7 +78,13 @@ SCENARIOS: tuple[dict[str, Any], ...] = (
     {"name": "plain_topk", "objective": "topk"},
     {"name": "colocate_offload", "objective": "topk", "extra": ["--colocate"]},
     {"name": "plain_sampled_fp32", "fp32": True},
-    {"name": "plain_recorded", "objective": "topk", "data": "recorded"},
+    {
+        "name": "plain_recorded",
+        "objective": "topk",
+        "data": "recorded",
+        # the record phase's 4 sessions (2 per task), one step over all of them
+        "extra": ["--rollout-batch-size", "4", "--global-batch-size", "4"],
+    },
 )
 """The layouts and objectives ``all`` runs: plain, and colocated with slime's offload of the
 actor (``--colocate`` turns ``--offload-train`` on), through torch_memory_saver; and plain in
