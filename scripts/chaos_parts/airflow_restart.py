@@ -27,14 +27,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import sqlite3
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from .services import BIN, REPO, free_port
+from .services import BIN, REPO, Service, free_port
 
 DAG_ID = "dressage_mopd"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -74,40 +73,18 @@ def airflow_env(home: Path, port: int) -> dict[str, str]:
     return env
 
 
-class Component:
-    """``airflow <name>`` in its own session, its output appended to ``<logs>/<name>.log``."""
+class Component(Service):
+    """``airflow <name>`` in its own session, its output appended to ``<logs>/<name>.log``;
+    launched, not waited for (Airflow's health endpoint says when it serves)."""
 
     def __init__(self, name: str, env: dict[str, str], logs: Path) -> None:
-        self.name, self.env, self.log = name, env, logs / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(name, [str(BIN / "airflow"), name], env, logs / f"{name}.log", ready="")
         self.starts = 0
 
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [str(BIN / "airflow"), self.name],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                cwd=REPO,
-                start_new_session=True,
-            )
+    def launch(self) -> Component:
+        super().launch()
         self.starts += 1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self) -> None:
-        """SIGKILL to the whole process group (the LocalExecutor's workers with the
-        scheduler), then reap it."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
+        return self
 
 
 def steps_check(logged: dict[str, list[int]], steps: int) -> dict[str, Any]:
@@ -179,7 +156,7 @@ def airflow_restart_round(
     jobs: Path | None = None
     try:
         for part in parts.values():
-            part.start()
+            part.launch()
         api = AirflowApi(f"http://127.0.0.1:{port}")
         everyone = lambda: all(p.alive() for p in parts.values())  # noqa: E731
         figures["airflow_start_s"] = round(
@@ -233,7 +210,7 @@ def airflow_restart_round(
         figures["job_alive_at_restart"] = status is not None and status.state is JobState.RUNNING
         restarted = time.monotonic()
         for name in KILLED:
-            parts[name].start()
+            parts[name].launch()
         pickup: float | None = None
         while (state := api.run_state(DAG_ID, run_id)) not in ("success", "failed"):
             owner = _trigger_owner(home / "airflow.db", run_id)
