@@ -137,10 +137,10 @@ def megatron_model_flags(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
+    from dressage.commands import command_parser
 
-    parser = argparse.ArgumentParser(
-        prog="python -m dressage.slime.model_flags",
+    parser = command_parser(
+        "python -m dressage.slime.model_flags",
         description="Print Megatron's model flags for a Hugging Face checkpoint of a dense "
         "Qwen3/Qwen2/Llama model.",
     )
@@ -150,8 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=1,
         metavar="N",
-        help="the run's tensor-parallel size: it decides --make-vocab-size-divisible-by "
-        "(default: %(default)s)",
+        help="the run's tensor-parallel size: it decides --make-vocab-size-divisible-by",
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.tensor_model_parallel_size < 1:
