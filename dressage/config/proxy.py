@@ -182,9 +182,10 @@ class ProxyConfig(BaseModel):
     )
 
     access_log: bool = Field(
-        True,
+        False,
         description="One log line per request (method, route, session, status, milliseconds, "
-        "the refused field of a 4xx), at INFO whatever the log level.",
+        "the refused field of a 4xx), at INFO whatever the log level. Off by default: a line "
+        "costs about 3% of a call's CPU (docs/proxy-performance.md).",
     )
 
     @field_validator("tito_model", mode="before")

@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dressage.http_json import loads
+
 __all__ = [
     "EngineError",
     "EngineOutput",
@@ -164,7 +166,7 @@ async def read_stream(
         if payload == b"[DONE]":
             break
         try:
-            data = json.loads(payload)
+            data = loads(payload)
         except ValueError:
             raise EngineError(url, f"request {rid}: bad stream chunk {payload!r:.200}") from None
         if isinstance(data, dict) and "error" in data:

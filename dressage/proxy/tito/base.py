@@ -26,7 +26,14 @@ from dressage.proxy.tito.state import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["Encoder", "TITOTokenizer", "make_encoder", "retry_pending", "single_token_id"]
+__all__ = [
+    "Encoder",
+    "TITOTokenizer",
+    "make_decoder",
+    "make_encoder",
+    "retry_pending",
+    "single_token_id",
+]
 
 Encoder = Callable[[str], list[int]]
 
@@ -40,6 +47,29 @@ def make_encoder(tokenizer: PreTrainedTokenizerBase) -> Encoder:
     if isinstance(backend, Tokenizer):
         return lambda text: backend.encode(text, add_special_tokens=False).ids
     return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def make_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
+    """``tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)``,
+    through the Rust backend when the tokenizer is transformers' plain fast tokenizer (its
+    ``decode`` then calls exactly that, after per-call Python overhead); a tokenizer class that
+    overrides decoding keeps its own."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    cls = type(tokenizer)
+    if (
+        isinstance(backend, Tokenizer)
+        and isinstance(tokenizer, TokenizersBackend)
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls._decode is TokenizersBackend._decode
+    ):
+        return lambda ids: str(backend.decode(ids, skip_special_tokens=False))
+    return lambda ids: str(
+        tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    )
 
 
 def single_token_id(encode: Encoder, token: str, family: str) -> int:
@@ -64,6 +94,7 @@ class TITOTokenizer(ABC):
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.encode: Encoder = make_encoder(tokenizer)
+        self._decode = make_decoder(tokenizer)
 
     @abstractmethod
     def start(
@@ -176,11 +207,7 @@ class TITOTokenizer(ABC):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept (what a parser reads)."""
-        return str(
-            self.tokenizer.decode(
-                list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-        )
+        return self._decode(list(ids))
 
     def parse_output(self, state: TITOState, output_ids: Sequence[int]) -> ParsedOutput:
         """The assistant message for ``output_ids`` sampled after ``state``'s generation prompt."""
