@@ -121,17 +121,24 @@ class InputLimits:
                     self._context = parse_server_info(await self._engine.server_info())
                 except (EngineError, httpx.HTTPError, ValueError) as exc:
                     log.warning("engine limits unknown (/server_info: %s)", exc)
+                if self._context is not None and self._max_token_chars is None:
+                    # Before any check can use it, and off the event loop: the scan of a
+                    # 250k-entry vocabulary would otherwise stall every session for ~0.5 s.
+                    self._max_token_chars = await asyncio.to_thread(self._longest_token)
                 if self._context is None:
                     self._retry_at = time.monotonic() + _RETRY_S
         return self._context
 
     @property
     def max_token_chars(self) -> int:
-        """Characters of the longest token (computed on first use: ~0.2 s for 250k entries)."""
+        """Characters of the longest token: found in a worker thread once the engine's context
+        is known (~0.2 s for 250k entries), else here on first use."""
         if self._max_token_chars is None:
-            vocab = self._tokenizer.get_vocab()
-            self._max_token_chars = max(max(map(len, vocab), default=1), 1)
+            self._max_token_chars = self._longest_token()
         return self._max_token_chars
+
+    def _longest_token(self) -> int:
+        return max(max(map(len, self._tokenizer.get_vocab()), default=1), 1)
 
     def refuse_impossible(self, chars: int, context: EngineContext | None, where: str) -> None:
         """400 when ``chars`` characters of text cannot fit the context in any tokenization."""
