@@ -98,7 +98,9 @@ class LayeredSettings(BaseSettings):
     )
 
     ENV: ClassVar[Mapping[str, str]] = {}
-    """Field -> its ``DRESSAGE_*`` variable (a field without one is set by a given value only)."""
+    """Field -> its variable: a ``DRESSAGE_*`` one, or a name users' scripts already export
+    (the launcher's ``TP_SIZE``, Ray's ``RAY_ADDRESS``); a field without one is set by a given
+    value only."""
     SECRETS: ClassVar[frozenset[str]] = frozenset()
     """Fields whose values are never echoed in an error."""
     WHAT: ClassVar[str] = "settings"
