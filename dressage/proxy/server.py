@@ -175,6 +175,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        manager.limits.scan()  # the longest token, off the loop, before calls need it
         vocabulary = manager.vocabulary
         await vocabulary.first_look()
         watching = None
