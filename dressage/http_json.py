@@ -48,6 +48,7 @@ __all__ = [
     "dumps",
     "find_lone_surrogate",
     "loads",
+    "loads_engine",
     "parse_json_body",
     "read_limited_body",
 ]
@@ -88,6 +89,17 @@ def loads(raw: bytes) -> Any:
         except orjson.JSONDecodeError:
             pass  # json reads it, or says why it does not
     return json.loads(raw, parse_constant=_non_finite)
+
+
+def loads_engine(raw: bytes) -> Any:
+    """An engine's answer (SGLang's ``/generate``, a stream chunk): :func:`loads` without the
+    long-integer check, whose integers (token ids, counts) always fit 64 bits: orjson, ``json``
+    for what orjson refuses (a ``NaN`` log-prob). The check is a pass over the bytes, and a
+    streamed answer's chunks repeat every token so far."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw, parse_constant=_non_finite)
 
 
 def dumps(obj: Any) -> bytes:

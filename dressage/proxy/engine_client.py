@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from dressage.http_json import dumps, loads
+from dressage.http_json import dumps, loads_engine
 from dressage.proxy.engine_answers import (
     EngineError,
     EngineOutput,
@@ -197,7 +197,7 @@ class EngineClient:
         if response.status != 200:
             raise EngineRejectedError(self.url, response.status, error_message(response.body))
         try:
-            data = loads(response.body)
+            data = loads_engine(response.body)
         except ValueError:
             raise EngineError(self.url, f"request {rid}: /generate answered non-JSON") from None
         return self._output(data, rid)
