@@ -181,6 +181,15 @@ class ProxyConfig(BaseModel):
         "context leaves).",
     )
 
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Proxy processes behind the one port: a front routes each session to one of "
+        "them by a stable hash of its id, each with its own store under the store folder "
+        "(STORE_DIR/worker-K); 1 serves in one process.",
+    )
+
     access_log: bool = Field(
         False,
         description="One log line per request (method, route, session, status, milliseconds, "
@@ -350,6 +359,7 @@ def parser() -> argparse.ArgumentParser:
     add("--served-model-name", help="the model name the API reports")
     add("--default-max-tokens", type=int, help="max_tokens of a call that sets none")
     add("--access-log", action=argparse.BooleanOptionalAction, help="one line per request")
+    add("--workers", type=int, help="proxy processes behind the port, sessions hashed to them")
     add("--log-level", default="warning", help="level of the proxy's and uvicorn's logs")
     return p
 
