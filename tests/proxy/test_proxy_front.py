@@ -267,3 +267,74 @@ def test_another_worker_count_on_the_same_store_is_refused(
         done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
         assert done.returncode == 2
         assert "start with --workers 2" in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------- the splice, against a fake worker
+async def _front_before(handler: Any) -> tuple[Any, Any, str, int]:
+    """A Front over one fake worker served by ``handler``; its server and port."""
+    import asyncio
+
+    from dressage.config.proxy import ProxyConfig
+    from dressage.proxy.front import Front as FrontProcess
+    from dressage.proxy.workers import Worker
+
+    fake = await asyncio.start_server(handler, "127.0.0.1", 0)
+    worker = Worker(0, [])
+    worker.port = fake.sockets[0].getsockname()[1]
+    worker.url = f"http://127.0.0.1:{worker.port}"
+    front = FrontProcess(ProxyConfig(), [worker])
+    server = await asyncio.get_running_loop().create_server(front.protocol, "127.0.0.1", 0)
+    return fake, server, worker.url, server.sockets[0].getsockname()[1]
+
+
+def test_a_chunked_answer_passes_byte_for_byte_and_keep_alive_holds() -> None:
+    import asyncio
+
+    answer = (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n"
+        b"\r\n5;ext=1\r\ndata:\r\n0C\r\n: keep-alive\r\n0\r\nx-trailer: 1\r\n\r\n"
+    )
+    seen: list[bytes] = []
+
+    async def worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            seen.append(head + await reader.readexactly(4))
+            writer.write(answer)
+
+    async def main() -> None:
+        fake, server, _, port = await _front_before(worker)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        request = b"POST /sessions/s/v1/x HTTP/1.1\r\nhost: h\r\ncontent-length: 4\r\n\r\nbody"
+        for _ in range(2):  # one connection, two requests
+            writer.write(request)
+            got = await asyncio.wait_for(reader.readexactly(len(answer)), 10)
+            assert got == answer
+        assert seen == [request, request]
+        writer.close()
+        server.close()
+        fake.close()
+
+    asyncio.run(main())
+
+
+def test_a_client_that_hangs_up_closes_the_worker_connection() -> None:
+    import asyncio
+
+    closed = asyncio.Event()
+
+    async def worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # then never answers, as a long call
+        await reader.read()  # returns at EOF: the front closed the connection
+        closed.set()
+
+    async def main() -> None:
+        fake, server, _, port = await _front_before(worker)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /sessions/s/v1/models HTTP/1.1\r\nhost: h\r\n\r\n")
+        await asyncio.sleep(0.2)
+        writer.close()
+        await asyncio.wait_for(closed.wait(), 10)
+        server.close()
+        fake.close()
+
+    asyncio.run(main())
