@@ -23,7 +23,7 @@ curve, the heap still filling).
     python bench/proxy.py --parts workers   # 256 sessions through 1, 2, 4 proxy processes
 
 Several processes (``--parts workers``, about 2 minutes): calls/s at 256 sessions through a plain
-proxy and through ``dressage-proxy --workers N`` (a front and N workers) for N = 1, 2, 4, against
+proxy and through ``dressage-proxy --workers N`` (a front and N workers) for N = 2, 4, against
 the direct ceiling, and the front's own CPU per call. None of the proxy processes is pinned (the
 harness and engine stay on core 1), so on 2 cores the figure says what the front costs more than
 what N processes gain: the scaling needs a core per worker.
@@ -71,8 +71,8 @@ IDLE_ISSUE_TARGET_KB = 8.3
 PARTS = ("throughput", "stream", "idle", "rss", "workers")
 DEFAULT_PARTS = ("throughput", "stream", "idle", "rss")
 WORKER_COUNTS = (1, 2, 4)
-"""``--parts workers``: front process counts measured at 256 sessions (0 stands for the plain
-proxy, no front)."""
+"""``--parts workers``: proxy process counts measured at 256 sessions (1: the plain proxy, no
+front; more: ``--workers N``, a front and N workers)."""
 ADMIN_KEY = "bench-admin-key"
 WORDS = "INFO WARN request served cache miss retry timeout worker shard def return".split()
 
@@ -654,16 +654,16 @@ def _children_cpu_s(pid: int) -> float:
 
 
 def _workers_run(engine_url: str, tmp: Path, common: list[str]) -> dict[str, Any]:
-    """Calls/s at 256 sessions through a plain proxy and through a front with 1, 2, 4 workers,
+    """Calls/s at 256 sessions through a plain proxy and through a front with 2 and 4 workers,
     none of them pinned (they share the machine with the harness, pinned to core 1), against the
     direct ceiling; with the front's own CPU per call (its reading of heads and splicing)."""
     direct = run_role("load", *common, "--mode", "direct", "--sessions", "256",
                       "--proxy", engine_url)  # fmt: skip
     runs: dict[str, dict[str, Any]] = {}
-    for workers in (0, *WORKER_COUNTS):
-        name = "plain" if workers == 0 else f"front_{workers}"
+    for workers in WORKER_COUNTS:
+        name = f"{workers}"
         proxy, url = proxy_process(
-            engine_url, str(tmp / f"store-{name}"), core=None, workers=max(workers, 1)
+            engine_url, str(tmp / f"store-{name}"), core=None, workers=workers
         )
         try:
             front_cpu, workers_cpu = _cpu_s(proxy.pid), _children_cpu_s(proxy.pid)
@@ -676,27 +676,31 @@ def _workers_run(engine_url: str, tmp: Path, common: list[str]) -> dict[str, Any
         finally:
             stop_process(proxy)
     ceiling = direct["calls_per_s"]
-    print(f"{'proxy processes':>16} {'calls/s':>9} {'of direct':>9} {'p50 ms':>8} "
+    print(f"{'proxy workers':>16} {'calls/s':>9} {'of direct':>9} {'p50 ms':>8} "
           f"{'front us':>9} {'workers us':>10}")  # fmt: skip
     print(f"{'direct':>16} {ceiling:9.0f} {1:9.2f} {direct['p50_ms']:8.2f}")
     for name, r in runs.items():
-        front_us = r["front_cpu_us_per_call"] if name != "plain" else float("nan")
-        workers_us = r["workers_cpu_us_per_call"] if name != "plain" else r["front_cpu_us_per_call"]
+        plain = name == "1"  # no front: the one process is the worker
+        front_us = float("nan") if plain else r["front_cpu_us_per_call"]
+        workers_us = r["front_cpu_us_per_call"] if plain else r["workers_cpu_us_per_call"]
         print(f"{name:>16} {r['calls_per_s']:9.0f} {r['calls_per_s'] / ceiling:9.2f} "
               f"{r['p50_ms']:8.2f} {front_us:9.0f} {workers_us:10.0f}")  # fmt: skip
     best = max(runs.items(), key=lambda item: item[1]["calls_per_s"])
     out: dict[str, Any] = {
         "workers_direct_calls_per_s_256": round(ceiling, 1),
         "workers_cpu_count": os.cpu_count(),
-        "workers_best": best[0],
+        "workers_best": int(best[0]),
         "workers_best_ratio": round(best[1]["calls_per_s"] / ceiling, 3),
         "workers_met": best[1]["calls_per_s"] >= 0.9 * ceiling,
     }
     for name, r in runs.items():
         out[f"workers_{name}_calls_per_s_256"] = round(r["calls_per_s"], 1)
         out[f"workers_{name}_p50_ms_256"] = round(r["p50_ms"], 3)
-        if name != "plain":
+        if name != "1":
             out[f"workers_{name}_front_cpu_us_per_call"] = round(r["front_cpu_us_per_call"], 1)
+            out[f"workers_{name}_cpu_us_per_call"] = round(r["workers_cpu_us_per_call"], 1)
+        else:
+            out["workers_1_cpu_us_per_call"] = round(r["front_cpu_us_per_call"], 1)
     return out
 
 

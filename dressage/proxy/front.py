@@ -184,8 +184,10 @@ class Front:
         try:
             while await self._one(reader, writer, client):
                 pass
-        except (ConnectionError, asyncio.IncompleteReadError, OSError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # either side broke off or spoke garbage: the connection ends
+        except BadRequest as exc:
+            writer.write(_answer(400, _error(400, str(exc), "bad_framing"), close=True))
         finally:
             writer.close()
 

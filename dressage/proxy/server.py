@@ -32,6 +32,9 @@ The proxy checks its tokenizer against the engine's vocabulary once the engine a
 refuses to start (exit status 2, the reason on stderr) when the engine serves another one,
 whether it answered at start or only later (:mod:`~dressage.proxy.vocabulary`).
 
+With ``--workers N`` (N > 1) :func:`main` runs :mod:`~dressage.proxy.front` instead: one port,
+N processes of this app behind it, each session in one of them (its calls, its store).
+
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413; bad
 bodies a JSON 400 naming the field (:mod:`~dressage.proxy.http_io`). Once the proxy accepts
