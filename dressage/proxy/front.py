@@ -22,7 +22,8 @@ its store in ``STORE_DIR/worker-K``), waits until each is ready, then listens on
   ``/ready`` is 200 only when every worker is ready.
 
 A worker that dies is restarted (its store replays) and the front logs one line; when a rollout
-pause is in force, the restarted worker is paused with the same request before it gets calls.
+pause is in force (the last pause or resume that any worker took was a pause), the restarted
+worker is paused with the same request before it gets calls.
 SIGTERM or SIGINT stops the front and every worker; a worker that refuses to serve (exit status
 2: the engine's vocabulary differs) stops them all with status 2.
 """
@@ -253,13 +254,21 @@ class Front:
             writer.write(_answer(503, _error(503, message, "worker_unavailable"), close=True))
             return False
         client.upstream = up
+        answering = False
         try:
             await relay_body(reader, up.writer, head)
             while True:
                 response = parse_response(await up.reader.readuntil(b"\r\n\r\n"), head.method)
                 if response.status >= 200:
                     break
+            answering = True
             await relay_body(up.reader, writer, response)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            up.writer.transport.abort()
+            if not answering:  # nothing of an answer went out yet: say what happened
+                message = f"proxy worker {worker.index} broke off the call; retry it"
+                writer.write(_answer(502, _error(502, message, "worker_failed"), close=True))
+            return False
         except BaseException:
             up.writer.transport.abort()
             raise
@@ -290,10 +299,11 @@ class Front:
             *(self._ask(w, method, target, body, headers) for w in self.workers)
         )
         status, payload = _fan_in(answers)
-        if status == 200 and head.path == _PAUSE:
-            self._pause = (target, body, headers)
-        elif status == 200 and head.path == _RESUME:
-            self._pause = None
+        if any(200 <= answer[0] < 300 for answer in answers):  # a worker took it: in force
+            if head.path == _PAUSE:
+                self._pause = (target, body, headers)
+            elif head.path == _RESUME:
+                self._pause = None
         writer.write(_answer(status, payload))
         await writer.drain()
         return True

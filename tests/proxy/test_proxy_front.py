@@ -215,28 +215,47 @@ def test_pause_and_resume_reach_every_worker(front: Front) -> None:
     }
 
 
-def test_a_killed_worker_comes_back_with_its_records(front: Front) -> None:
-    victim, other = (
-        "victim-0",
-        next(
-            f"other-{i}"
-            for i in range(99)
-            if worker_of(f"other-{i}", 2) != worker_of("victim-0", 2)
-        ),
-    )
-    for session in (victim, other):
-        assert front.chat(session).status_code == 200
-    before = httpx.get(f"{front.url}/v1/sessions/{victim}/trajectory", headers=AUTH).json()
-    os.kill(front.workers()[worker_of(victim, 2)], signal.SIGKILL)
-    assert front.chat(other).status_code == 200  # the other worker serves on
+def _wait_ready(front: Front) -> None:
     deadline = time.monotonic() + 120
     while httpx.get(f"{front.url}/ready", timeout=30).status_code != 200:
         assert time.monotonic() < deadline, "the killed worker did not come back"
         time.sleep(0.5)
-    after = httpx.get(f"{front.url}/v1/sessions/{victim}/trajectory", headers=AUTH).json()
-    assert after["steps"] == before["steps"] and len(after["steps"]) == 1
+
+
+def _steps(front: Front, session: str) -> list[Any]:
+    url = f"{front.url}/v1/sessions/{session}/trajectory"
+    return list(httpx.get(url, headers=AUTH, timeout=30).json()["steps"])
+
+
+def test_a_killed_worker_comes_back_with_its_records(front: Front) -> None:
+    victim = "victim-0"
+    home = worker_of(victim, 2)
+    other = next(f"other-{i}" for i in range(99) if worker_of(f"other-{i}", 2) != home)
+    for session in (victim, other):
+        assert front.chat(session).status_code == 200
+    before = _steps(front, victim)
+    os.kill(front.workers()[home], signal.SIGKILL)
+    assert front.chat(other).status_code == 200  # the other worker serves on meanwhile
+    _wait_ready(front)
+    assert _steps(front, victim) == before and len(before) == 1  # acknowledged: replayed
     assert front.chat(victim).status_code == 200
+    assert len(_steps(front, victim)) == 2
     assert "restarted as pid" in front.stderr.read_text()
+
+
+def test_a_worker_restarted_during_a_pause_comes_back_paused(front: Front) -> None:
+    home = worker_of("victim-0", 2)
+    paused = httpx.post(f"{front.url}/v1/rollout/pause", json={"mode": "retract"}, headers=AUTH)
+    assert paused.status_code == 200, paused.text
+    os.kill(front.workers()[home], signal.SIGKILL)
+    state = httpx.get(f"{front.url}/v1/rollout/pause_state", headers=AUTH)
+    assert state.status_code == 503 and state.json()["worker"] == home
+    _wait_ready(front)
+    state = httpx.get(f"{front.url}/v1/rollout/pause_state", headers=AUTH).json()
+    assert [w["paused"] for w in state["workers"]] == [True, True] and state["paused"] is True
+    resumed = httpx.post(f"{front.url}/v1/rollout/resume", json={}, headers=AUTH)
+    assert resumed.status_code == 200 and resumed.json()["resumed"] is True
+    assert front.chat("victim-0").status_code == 200
 
 
 def test_kill_9_of_the_front_leaves_no_worker(front: Front) -> None:
