@@ -131,9 +131,11 @@ class Worker:
     async def start(self) -> None:
         """Start the process and wait for its ready line; WorkerFailed if it exits first."""
         env = dict(os.environ, DRESSAGE_PROXY_WORKERS="1")
+        # its own session: a terminal's Ctrl-C reaches the front only, which stops the workers
         self.process = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=env
-        )
+            *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )  # fmt: skip
         assert self.process.stdout is not None
         from dressage.proxy.server import READY_PREFIX
 

@@ -357,3 +357,19 @@ def test_a_client_that_hangs_up_closes_the_worker_connection() -> None:
         fake.close()
 
     asyncio.run(main())
+
+
+def test_sigint_stops_the_front_and_every_worker(scripted_engine: str, tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "dressage.proxy.server", "--engine-url", scripted_engine]
+    argv += ["--port", "0", "--store-dir", str(tmp_path / "store"), "--workers", "2"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        url = _ready(proc, READY_PREFIX)
+        started = Front(proc, url, tmp_path / "store", tmp_path / "none")
+        pids = list(started.workers().values())
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        _stop(proc)
