@@ -253,6 +253,9 @@ class Front:
             message = f"proxy worker {worker.index} is restarting; retry in a moment"
             writer.write(_answer(503, _error(503, message, "worker_unavailable"), close=True))
             return False
+        if writer.transport.is_closing():  # the client left while the front connected
+            up.writer.close()
+            return False
         client.upstream = up
         answering = False
         try:
@@ -323,6 +326,9 @@ class Front:
             return 503, {"status": "not_ready", **_error(503, message, "worker_unavailable")}
         pool = self._pools.get(url)
         if pool is None:
+            live = {w.url for w in self.workers} | {url}
+            for gone in [u for u in self._pools if u not in live]:  # restarted workers' old ports
+                await self._pools.pop(gone).aclose()
             pool = self._pools[url] = HTTP1Pool(url, max_idle=8)
         try:
             response = await pool.request(
