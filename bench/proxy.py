@@ -344,7 +344,7 @@ async def _hostile(args: argparse.Namespace) -> dict[str, Any]:
     or ``--seconds`` pass; its JSON result tells the statuses and error messages it got."""
     import threading
 
-    pool = HTTP1Pool(args.proxy, max_idle=args.concurrency)
+    pool = HTTP1Pool(args.proxy, max_idle=args.concurrency, local_address=args.source_address)
     headers = [("content-type", "application/json")]
     body = hostile_body(args.attack)
     go, stop = threading.Event(), threading.Event()
@@ -902,6 +902,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--trace", action="store_true", help="load: every call's (end, latency)")
     p.add_argument("--attack", choices=["big", "deep", "flood"], default="flood")
     p.add_argument("--concurrency", type=int, default=1, help="hostile: connections")
+    p.add_argument("--source-address", default=None,
+                   help="hostile: connect from this address (another client)")  # fmt: skip
     p.add_argument("--nice", type=int, default=0, help="roles: run at this niceness")
     p.add_argument("--proxy", default="")
     p.add_argument("--engine", default="")

@@ -48,6 +48,8 @@ def test_not_json_names_the_text() -> None:
         b'{"inf": [NaN, Infinity, -Infinity]}',
         b'{"a": 1, "a": 2}',
         b'"\\ud83d\\ude00"',
+        b"123456789012345678901234567890",
+        b'[0.00012345678901234567, 1.5e-07, "1234567890123456789012", 9223372036854775807]',
     ],
 )
 def test_loads_reads_what_json_reads_and_dumps_writes_it_back(raw: bytes) -> None:

@@ -184,6 +184,17 @@ class ProxyConfig(BaseModel):
         "context leaves).",
     )
 
+    client_refusal_rate: float = Field(
+        10.0,
+        ge=0,
+        description="Refused requests (4xx) a second one client address may cause before its "
+        "next requests are held until its budget refills (0: no limit; "
+        "dressage.proxy.client_limits).",
+    )
+    client_refusal_burst: int = Field(
+        50, ge=1, description="Refused requests one client address may cause at once."
+    )
+
     workers: int = Field(
         1,
         ge=1,
@@ -361,6 +372,12 @@ def parser() -> argparse.ArgumentParser:
     add("--max-request-bytes", type=int, help="largest request body (413 above it)")
     add("--served-model-name", help="the model name the API reports")
     add("--default-max-tokens", type=int, help="max_tokens of a call that sets none")
+    add(
+        "--client-refusal-rate",
+        type=float,
+        help="refused requests a second per client address before it waits (0: no limit)",
+    )
+    add("--client-refusal-burst", type=int, help="refused requests per client address at once")
     add("--access-log", action=argparse.BooleanOptionalAction, help="one line per request")
     add("--workers", type=int, help="proxy processes behind the port, sessions hashed to them")
     add("--log-level", default="warning", help="level of the proxy's and uvicorn's logs")

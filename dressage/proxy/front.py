@@ -11,8 +11,11 @@ its store in ``STORE_DIR/worker-K``), waits until each is ready, then listens on
   N, :func:`~dressage.proxy.workers.worker_of`); a request with no session goes to the next
   worker in turn (``/v1/models``, ``/v1/capabilities``: every worker answers alike). The request
   and its answer (whole, chunked or streamed SSE) go through byte for byte, on keep-alive
-  connections to the worker; the worker checks keys, limits and bodies as it always does. A
-  client that hangs up closes the worker connection, so the worker aborts the call;
+  connections to the worker, the head with one line added: ``X-Forwarded-For`` with the
+  client's address, last, so that the worker (whose uvicorn trusts it from loopback) keeps its
+  per-address refusal budget (:mod:`~dressage.proxy.client_limits`) per client, not per front.
+  The worker checks keys, limits and bodies as it always does. A client that hangs up closes
+  the worker connection, so the worker aborts the call;
 - the control routes (:data:`FAN_OUT`: rollout pause, resume and pause state, ``/v1/stats``,
   ``/health``, ``/ready``) go to every worker with the client's headers (its key: each worker
   checks it), and the front answers once all have: when every worker answered 2xx, one JSON
@@ -135,10 +138,14 @@ class _Upstream:
 class _Client:
     """One client connection: the worker connection of its request in flight, if any."""
 
-    __slots__ = ("upstream",)
+    __slots__ = ("forwarded", "upstream")
 
     def __init__(self) -> None:
         self.upstream: _Upstream | None = None
+        self.forwarded = b""
+        """The client's address, which the front adds to each request as the last
+        ``X-Forwarded-For`` (the workers' uvicorn trusts it from loopback, so each worker's
+        per-address refusal budget sees the client, not the front)."""
 
     def hang_up(self) -> None:
         if self.upstream is not None:  # the worker sees its client leave and aborts the call
@@ -182,6 +189,8 @@ class Front:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: _Client
     ) -> None:
         """Answer the requests of one client connection, one after the other."""
+        peer = writer.get_extra_info("peername")
+        client.forwarded = str(peer[0] if peer else "").encode("latin-1")
         try:
             while await self._one(reader, writer, client):
                 pass
@@ -210,8 +219,9 @@ class Front:
             return False
         if head.get(b"expect") == b"100-continue":
             writer.write(_CONTINUE)
+        head.raw = head.raw[:-2] + b"x-forwarded-for: " + client.forwarded + b"\r\n\r\n"
         if head.path in FAN_OUT:
-            keep = await self._fan_out(head, reader, writer)
+            keep = await self._fan_out(head, reader, writer, client)
         else:
             keep = await self._splice(head, reader, writer, client)
         return keep and not head.close
@@ -285,7 +295,11 @@ class Front:
         return True
 
     async def _fan_out(
-        self, head: RequestHead, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        head: RequestHead,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: _Client,
     ) -> bool:
         body = await read_body(reader, head, self.config.max_request_bytes)
         if body is None:
@@ -297,6 +311,7 @@ class Front:
             for k, v in head.headers
             if k not in _NOT_FORWARDED
         ]
+        headers.append(("x-forwarded-for", client.forwarded.decode("latin-1")))
         target, method = head.target.decode("latin-1"), head.method.decode("latin-1")
         answers = await asyncio.gather(
             *(self._ask(w, method, target, body, headers) for w in self.workers)

@@ -65,6 +65,7 @@ from dressage.config.proxy import ProxyConfig, ProxyConfigError, config_from_arg
 from dressage.proxy.access_log import ACCESS_LOGGER, AccessLog, note_refusal
 from dressage.proxy.chat_routes import SESSION_HEADERS, add_chat_routes
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
+from dressage.proxy.client_limits import RefusalThrottle
 from dressage.proxy.encoding import install_encode_memo
 from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.engine_client import EngineClient
@@ -178,6 +179,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        manager.limits.scan()  # the longest token, off the loop, before calls need it
         vocabulary = manager.vocabulary
         await vocabulary.first_look()
         watching = None
@@ -221,7 +223,11 @@ def create_app(
     _add_sessions(app, manager, auth, config)
     _add_rollout_control(app, pause, auth, config)
     add_chat_to_openapi(app)
-    if config.access_log:
+    if config.client_refusal_rate > 0:
+        app.add_middleware(
+            RefusalThrottle, rate=config.client_refusal_rate, burst=config.client_refusal_burst
+        )
+    if config.access_log:  # outside the throttle: its 429s are logged too
         app.add_middleware(AccessLog)
     return app
 

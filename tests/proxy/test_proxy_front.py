@@ -328,7 +328,9 @@ def test_a_chunked_answer_passes_byte_for_byte_and_keep_alive_holds() -> None:
             writer.write(request)
             got = await asyncio.wait_for(reader.readexactly(len(answer)), 10)
             assert got == answer
-        assert seen == [request, request]
+        # the worker gets the request as sent, its head ending with the client's address
+        forwarded = request.replace(b"\r\n\r\n", b"\r\nx-forwarded-for: 127.0.0.1\r\n\r\n")
+        assert seen == [forwarded, forwarded]
         writer.close()
         server.close()
         fake.close()
