@@ -20,6 +20,13 @@ curve, the heap still filling).
 
     python bench/proxy.py          # about 4 minutes on 2 cores; the last line is the JSON summary
     python bench/proxy.py --parts rss --rss-seconds 600 --rss-interval 5   # the 10-minute run
+    python bench/proxy.py --parts workers   # 256 sessions through 1, 2, 4 proxy processes
+
+Several processes (``--parts workers``, about 2 minutes): calls/s at 256 sessions through a plain
+proxy and through ``dressage-proxy --workers N`` (a front and N workers) for N = 2, 4, against
+the direct ceiling, and the front's own CPU per call. None of the proxy processes is pinned (the
+harness and engine stay on core 1), so on 2 cores the figure says what the front costs more than
+what N processes gain: the scaling needs a core per worker.
 
 Targets: added p50 <= 2 ms at 1 session; calls/s at 256 sessions >= at 1 session; >= 600
 calls/s through the proxy at 256 sessions, or >= 90% of the direct ceiling where the harness
@@ -61,7 +68,11 @@ RSS_SECONDS = 20.0
 RSS_JUDGED_SECONDS = 120.0
 """Shorter runs report the curve but no verdict: the heap fills for about the first minute."""
 IDLE_ISSUE_TARGET_KB = 8.3
-PARTS = ("throughput", "stream", "idle", "rss")
+PARTS = ("throughput", "stream", "idle", "rss", "workers")
+DEFAULT_PARTS = ("throughput", "stream", "idle", "rss")
+WORKER_COUNTS = (1, 2, 4)
+"""``--parts workers``: proxy process counts measured at 256 sessions (1: the plain proxy, no
+front; more: ``--workers N``, a front and N workers)."""
 ADMIN_KEY = "bench-admin-key"
 WORDS = "INFO WARN request served cache miss retry timeout worker shard def return".split()
 
@@ -413,10 +424,11 @@ def spawn(core: int | None, argv: list[str], ready: str) -> tuple[subprocess.Pop
 
 
 def proxy_process(
-    engine_url: str, store: str, *, fsync: bool = False, core: int | None = 0
+    engine_url: str, store: str, *, fsync: bool = False, core: int | None = 0, workers: int = 1
 ) -> tuple[subprocess.Popen[str], str]:
     argv = ["-m", "dressage.proxy.server", "--engine-url", engine_url, "--port", "0"]
     argv += ["--store-dir", store, "--admin-key", ADMIN_KEY, "--log-level", "warning"]
+    argv += ["--workers", str(workers)]
     if fsync:
         argv.append("--store-fsync")
     return spawn(core, argv, "DRESSAGE_PROXY_URL=")
@@ -629,6 +641,69 @@ def _throughput(
     return results
 
 
+def _children_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid``'s living children (a front's workers)."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                total += _cpu_s(int(child))
+            except OSError:
+                pass
+    return total
+
+
+def _workers_run(engine_url: str, tmp: Path, common: list[str]) -> dict[str, Any]:
+    """Calls/s at 256 sessions through a plain proxy and through a front with 2 and 4 workers,
+    none of them pinned (they share the machine with the harness, pinned to core 1), against the
+    direct ceiling; with the front's own CPU per call (its reading of heads and splicing)."""
+    direct = run_role("load", *common, "--mode", "direct", "--sessions", "256",
+                      "--proxy", engine_url)  # fmt: skip
+    runs: dict[str, dict[str, Any]] = {}
+    for workers in WORKER_COUNTS:
+        name = f"{workers}"
+        proxy, url = proxy_process(
+            engine_url, str(tmp / f"store-{name}"), core=None, workers=workers
+        )
+        try:
+            front_cpu, workers_cpu = _cpu_s(proxy.pid), _children_cpu_s(proxy.pid)
+            r = run_role("load", *common, "--mode", "proxy", "--sessions", "256",
+                         "--proxy", url, "--seed", name)  # fmt: skip
+            calls = r["total_calls"]
+            r["front_cpu_us_per_call"] = (_cpu_s(proxy.pid) - front_cpu) / calls * 1e6
+            r["workers_cpu_us_per_call"] = (_children_cpu_s(proxy.pid) - workers_cpu) / calls * 1e6
+            runs[name] = r
+        finally:
+            stop_process(proxy)
+    ceiling = direct["calls_per_s"]
+    print(f"{'proxy workers':>16} {'calls/s':>9} {'of direct':>9} {'p50 ms':>8} "
+          f"{'front us':>9} {'workers us':>10}")  # fmt: skip
+    print(f"{'direct':>16} {ceiling:9.0f} {1:9.2f} {direct['p50_ms']:8.2f}")
+    for name, r in runs.items():
+        plain = name == "1"  # no front: the one process is the worker
+        front_us = float("nan") if plain else r["front_cpu_us_per_call"]
+        workers_us = r["front_cpu_us_per_call"] if plain else r["workers_cpu_us_per_call"]
+        print(f"{name:>16} {r['calls_per_s']:9.0f} {r['calls_per_s'] / ceiling:9.2f} "
+              f"{r['p50_ms']:8.2f} {front_us:9.0f} {workers_us:10.0f}")  # fmt: skip
+    best = max(runs.items(), key=lambda item: item[1]["calls_per_s"])
+    out: dict[str, Any] = {
+        "workers_direct_calls_per_s_256": round(ceiling, 1),
+        "workers_cpu_count": os.cpu_count(),
+        "workers_best": int(best[0]),
+        "workers_best_ratio": round(best[1]["calls_per_s"] / ceiling, 3),
+        "workers_met": best[1]["calls_per_s"] >= 0.9 * ceiling,
+    }
+    for name, r in runs.items():
+        out[f"workers_{name}_calls_per_s_256"] = round(r["calls_per_s"], 1)
+        out[f"workers_{name}_p50_ms_256"] = round(r["p50_ms"], 3)
+        if name != "1":
+            out[f"workers_{name}_front_cpu_us_per_call"] = round(r["front_cpu_us_per_call"], 1)
+            out[f"workers_{name}_cpu_us_per_call"] = round(r["workers_cpu_us_per_call"], 1)
+        else:
+            out["workers_1_cpu_us_per_call"] = round(r["front_cpu_us_per_call"], 1)
+    return out
+
+
 def _throughput_summary(results: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     print(f"{'run':>14} {'sessions':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu us':>7}")
     for kind in ("direct", "proxy", "proxy_fsync"):
@@ -693,7 +768,7 @@ def main(args: argparse.Namespace) -> int:
     engine, engine_url = spawn(
         1, ["-m", "dressage.proxy.testing", "--output-file", output_file], "SCRIPTED_ENGINE_URL="
     )
-    results = stream = memory = rss = None
+    results = stream = memory = rss = scaling = None
     try:
         common = ["--engine", engine_url, "--output-file", output_file]
         common += ["--prompt-len", str(prompt_len), "--turn-len", str(turn_len)]
@@ -706,6 +781,8 @@ def main(args: argparse.Namespace) -> int:
             memory = _memory(engine_url, tmp, output_file)
         if "rss" in parts:
             rss = _rss_run(engine_url, tmp, common, args.rss_seconds, args.rss_interval)
+        if "workers" in parts:
+            scaling = _workers_run(engine_url, tmp, common)
     finally:
         stop_process(engine)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -786,6 +863,18 @@ def main(args: argparse.Namespace) -> int:
                 "target": rss["rss_allowed_last_half_growth_mb"], "met": rss["rss_levels_off"],
             })  # fmt: skip
         summary.update(rss)
+    if scaling is not None:
+        if not summary:
+            best = scaling[f"workers_{scaling['workers_best']}_calls_per_s_256"]
+            summary.update({
+                "metric": "calls/s at 256 sessions through the best count of proxy processes "
+                "(baseline: direct)",
+                "unit": "calls/s", "baseline": scaling["workers_direct_calls_per_s_256"],
+                "ours": best, "ratio": scaling["workers_best_ratio"],
+                "target": round(0.9 * scaling["workers_direct_calls_per_s_256"], 1),
+                "met": scaling["workers_met"],
+            })  # fmt: skip
+        summary.update(scaling)
     summary["parts"] = sorted(parts, key=PARTS.index)
     summary["loadavg_before"] = load_before
     summary["first_prompt_ids"] = prompt_len
@@ -797,8 +886,8 @@ def main(args: argparse.Namespace) -> int:
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--role", choices=["main", "load", "idle", "hostile"], default="main")
-    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                   help="main: which measures to run (default: all)")  # fmt: skip
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(DEFAULT_PARTS),
+                   help="main: which measures to run (default: all but workers)")  # fmt: skip
     p.add_argument("--stream-seconds", type=float, default=STREAM_SECONDS,
                    help="main: each of the 4 runs of the streaming measure")  # fmt: skip
     p.add_argument("--rss-seconds", type=float, default=RSS_SECONDS,

@@ -32,6 +32,9 @@ The proxy checks its tokenizer against the engine's vocabulary once the engine a
 refuses to start (exit status 2, the reason on stderr) when the engine serves another one,
 whether it answered at start or only later (:mod:`~dressage.proxy.vocabulary`).
 
+With ``--workers N`` (N > 1) :func:`main` runs :mod:`~dressage.proxy.front` instead: one port,
+N processes of this app behind it, each session in one of them (its calls, its store).
+
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413; bad
 bodies a JSON 400 naming the field (:mod:`~dressage.proxy.http_io`). Once the proxy accepts
@@ -76,6 +79,7 @@ from dressage.proxy.serving import uvicorn_config
 from dressage.proxy.sessions import SessionManager, parse_open_request
 from dressage.proxy.store import StoreError, TrajectoryStore
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
+from dressage.proxy.workers import store_layout_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -380,12 +384,14 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 50, 100)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``dressage-proxy`` (see the module docstring)."""
+def main(argv: Sequence[str] | None = None, *, worker_index: int | None = None) -> int:
+    """Entry point of ``dressage-proxy`` (see the module docstring); ``worker_index``: this
+    process is that worker of a ``--workers N`` front (:mod:`~dressage.proxy.workers`)."""
     import uvicorn
 
+    flags = list(sys.argv[1:] if argv is None else argv)
     try:
-        config, log_level = config_from_argv(sys.argv[1:] if argv is None else argv)
+        config, log_level = config_from_argv(flags)
     except ProxyConfigError as exc:
         print(f"dressage-proxy: {exc}", file=sys.stderr)
         return 2
@@ -394,6 +400,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
     ready_log = logging.getLogger(READY_LOGGER)
     ready_log.setLevel(logging.INFO)  # said whatever --log-level says of the rest
+    if config.workers > 1:
+        from dressage.proxy.front import serve_front
+
+        return serve_front(config, flags, ready_log)
+    if worker_index is None and (refusal := store_layout_error(config.store_dir, 1)):
+        print(f"dressage-proxy: {refusal}", file=sys.stderr)
+        return 2
+    what = "proxy" if worker_index is None else f"proxy worker {worker_index}"
     refusals: list[str] = []
 
     def refuse(sentence: str) -> None:  # the engine serves another vocabulary: stop, say why
@@ -416,9 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not self.should_exit:  # the socket listens: /health answers now
                 print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
                 ready_log.info(
-                    "dressage proxy ready at http://%s:%d, in front of the engine at %s "
+                    "dressage %s ready at http://%s:%d, in front of the engine at %s "
                     "(store %s)",
-                    host, port, config.engine_url_clean, config.store_dir,
+                    what, host, port, config.engine_url_clean, config.store_dir,
                 )  # fmt: skip
 
     server = _Server(uvicorn_config(app, log_level=log_level))
