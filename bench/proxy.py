@@ -21,6 +21,12 @@ curve, the heap still filling).
     python bench/proxy.py          # about 4 minutes on 2 cores; the last line is the JSON summary
     python bench/proxy.py --parts rss --rss-seconds 600 --rss-interval 5   # the 10-minute run
     python bench/proxy.py --parts workers   # 256 sessions through 1, 2, 4 proxy processes
+    python bench/proxy.py --parts cpu_ab --before 3d852fc   # CPU per call against a commit
+
+CPU per call against another commit (``--parts cpu_ab --before REF``, about 4 minutes): that
+commit's proxy (``git archive`` into a temporary folder, run with this interpreter) and this one,
+side by side on core 0, driven in turn at 1, 64 and 256 sessions, 3 runs each; the medians, and
+their ratio against the issue's target of a fifth.
 
 Several processes (``--parts workers``, about 2 minutes): calls/s at 256 sessions through a plain
 proxy and through ``dressage-proxy --workers N`` (a front and N workers) for N = 2, 4, against
@@ -68,7 +74,10 @@ RSS_SECONDS = 20.0
 RSS_JUDGED_SECONDS = 120.0
 """Shorter runs report the curve but no verdict: the heap fills for about the first minute."""
 IDLE_ISSUE_TARGET_KB = 8.3
-PARTS = ("throughput", "stream", "idle", "rss", "workers")
+PARTS = ("throughput", "stream", "idle", "rss", "workers", "cpu_ab")
+AB_TARGET_RATIO = 0.2
+"""``--parts cpu_ab``: the issue's target, CPU per call at most a fifth of the starting commit's."""
+AB_ROUNDS = 3
 DEFAULT_PARTS = ("throughput", "stream", "idle", "rss")
 WORKER_COUNTS = (1, 2, 4)
 """``--parts workers``: proxy process counts measured at 256 sessions (1: the plain proxy, no
@@ -408,13 +417,16 @@ def _pinned(core: int | None, argv: list[str]) -> list[str]:
     return [*(["taskset", "-c", str(core)] if core is not None else []), sys.executable, *argv]
 
 
-def spawn(core: int | None, argv: list[str], ready: str) -> tuple[subprocess.Popen[str], str]:
-    """A Python process of this interpreter (pinned to ``core`` unless None), once it printed a
-    line starting with ``ready``; returns it and the rest of that line."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+def spawn(
+    core: int | None, argv: list[str], ready: str, *, tree: Path = REPO
+) -> tuple[subprocess.Popen[str], str]:
+    """A Python process of this interpreter (pinned to ``core`` unless None) running ``tree``'s
+    code (this repository, or another commit's copy), once it printed a line starting with
+    ``ready``; returns it and the rest of that line."""
+    env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
         _pinned(core, argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-        cwd=REPO,
+        cwd=tree,
     )  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -424,14 +436,21 @@ def spawn(core: int | None, argv: list[str], ready: str) -> tuple[subprocess.Pop
 
 
 def proxy_process(
-    engine_url: str, store: str, *, fsync: bool = False, core: int | None = 0, workers: int = 1
+    engine_url: str,
+    store: str,
+    *,
+    fsync: bool = False,
+    core: int | None = 0,
+    workers: int = 1,
+    tree: Path = REPO,
 ) -> tuple[subprocess.Popen[str], str]:
     argv = ["-m", "dressage.proxy.server", "--engine-url", engine_url, "--port", "0"]
     argv += ["--store-dir", store, "--admin-key", ADMIN_KEY, "--log-level", "warning"]
-    argv += ["--workers", str(workers)]
+    if workers != 1:
+        argv += ["--workers", str(workers)]
     if fsync:
         argv.append("--store-fsync")
-    return spawn(core, argv, "DRESSAGE_PROXY_URL=")
+    return spawn(core, argv, "DRESSAGE_PROXY_URL=", tree=tree)
 
 
 def role_argv(role: str, *extra: str) -> list[str]:
@@ -641,6 +660,54 @@ def _throughput(
     return results
 
 
+def checkout(ref: str, tmp: Path) -> Path:
+    """This repository's files at commit ``ref`` (``git archive``), in a folder of ``tmp``."""
+    out = tmp / f"tree-{ref}"
+    out.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"--before {ref}: git archive failed: {archive.stderr.decode()[:300]}")
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out
+
+
+def _cpu_ab(
+    engine_url: str, tmp: Path, common: list[str], before: Path, rounds: int
+) -> dict[str, Any]:
+    """Proxy CPU per call of ``before``'s proxy and this one, at every level: both proxies run
+    side by side on core 0 and are driven in turn (before, after, before, after, ...), so that
+    a drift of the machine falls on both; the median of ``rounds`` runs each."""
+    proxies = {
+        "before": proxy_process(engine_url, str(tmp / "store-ab-before"), tree=before),
+        "after": proxy_process(engine_url, str(tmp / "store-ab-after")),
+    }
+    runs: dict[str, dict[int, list[float]]] = {k: {n: [] for n in LEVELS} for k in proxies}
+    try:
+        for n in LEVELS:
+            for k in range(rounds):
+                for name, (proc, url) in proxies.items():
+                    cpu = _cpu_s(proc.pid)
+                    r = run_role("load", *common, "--mode", "proxy", "--sessions", str(n),
+                                 "--proxy", url, "--seed", f"ab-{name}-{n}-{k}")  # fmt: skip
+                    runs[name][n].append((_cpu_s(proc.pid) - cpu) / r["total_calls"] * 1e6)
+    finally:
+        for proc, _ in proxies.values():
+            stop_process(proc)
+    print(f"{'sessions':>8} {'before us/call':>15} {'after us/call':>14} {'after/before':>12}")
+    out: dict[str, Any] = {}
+    for n in LEVELS:
+        b, a = statistics.median(runs["before"][n]), statistics.median(runs["after"][n])
+        print(f"{n:8d} {b:15.0f} {a:14.0f} {a / b:12.3f}")
+        out[f"ab_before_cpu_us_per_call_{n}"] = round(b, 1)
+        out[f"ab_after_cpu_us_per_call_{n}"] = round(a, 1)
+        out[f"ab_ratio_{n}"] = round(a / b, 3)
+        out[f"ab_runs_{n}"] = {k: [round(v, 1) for v in runs[k][n]] for k in runs}
+    worst = max(out[f"ab_ratio_{n}"] for n in LEVELS)
+    out.update({"ab_worst_ratio": worst, "ab_target_ratio": AB_TARGET_RATIO,
+                "ab_met": worst <= AB_TARGET_RATIO})  # fmt: skip
+    return out
+
+
 def _children_cpu_s(pid: int) -> float:
     """CPU seconds of ``pid``'s living children (a front's workers)."""
     total = 0.0
@@ -768,7 +835,9 @@ def main(args: argparse.Namespace) -> int:
     engine, engine_url = spawn(
         1, ["-m", "dressage.proxy.testing", "--output-file", output_file], "SCRIPTED_ENGINE_URL="
     )
-    results = stream = memory = rss = scaling = None
+    results = stream = memory = rss = scaling = ab = None
+    if "cpu_ab" in parts and not args.before:
+        raise SystemExit("--parts cpu_ab needs --before REF (the commit to compare with)")
     try:
         common = ["--engine", engine_url, "--output-file", output_file]
         common += ["--prompt-len", str(prompt_len), "--turn-len", str(turn_len)]
@@ -783,6 +852,8 @@ def main(args: argparse.Namespace) -> int:
             rss = _rss_run(engine_url, tmp, common, args.rss_seconds, args.rss_interval)
         if "workers" in parts:
             scaling = _workers_run(engine_url, tmp, common)
+        if "cpu_ab" in parts:
+            ab = _cpu_ab(engine_url, tmp, common, checkout(args.before, tmp), args.ab_rounds)
     finally:
         stop_process(engine)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -875,6 +946,17 @@ def main(args: argparse.Namespace) -> int:
                 "met": scaling["workers_met"],
             })  # fmt: skip
         summary.update(scaling)
+    if ab is not None:
+        if not summary:
+            summary.update({
+                "metric": "proxy CPU per call, this commit against --before, at the worst of "
+                "1, 64 and 256 sessions (ratio after/before)",
+                "unit": "us CPU per call", "baseline": ab["ab_before_cpu_us_per_call_256"],
+                "ours": ab["ab_after_cpu_us_per_call_256"], "ratio": ab["ab_worst_ratio"],
+                "target": AB_TARGET_RATIO, "met": ab["ab_met"],
+            })  # fmt: skip
+        summary.update(ab)
+        summary["ab_before"] = args.before
     summary["parts"] = sorted(parts, key=PARTS.index)
     summary["loadavg_before"] = load_before
     summary["first_prompt_ids"] = prompt_len
@@ -894,6 +976,10 @@ def _args() -> argparse.Namespace:
                    help="main: the long run's length (the issue's run: 600)")  # fmt: skip
     p.add_argument("--rss-interval", type=float, default=2.0,
                    help="main: seconds between RSS samples")  # fmt: skip
+    p.add_argument("--before", default="",
+                   help="main, --parts cpu_ab: the commit whose proxy to compare with")  # fmt: skip
+    p.add_argument("--ab-rounds", type=int, default=AB_ROUNDS,
+                   help="main, --parts cpu_ab: runs of each proxy at each level")  # fmt: skip
     p.add_argument("--mode", choices=["direct", "proxy"], default="proxy")
     p.add_argument("--sessions", type=int, default=1)
     p.add_argument("--seconds", type=float, default=RUN_SECONDS)

@@ -11,7 +11,8 @@ values a caller was given (flags, slime ``args`` attributes; None or "" = not gi
     PauseClientSettings.layered({"required": None}, given_as={"required": "--required"})
 
 A given value wins over its variable, a variable over the field's default (written once, on the
-field); an empty variable is unset. A field missing from ``ENV`` is set by a given value only
+field); an empty variable is unset, but for a key (``SECRETS``), where it is an error. A field
+missing from ``ENV`` is set by a given value only
 (a settings class layered over a model whose every field is a flag, not every one a variable).
 A value that does not validate is a :class:`SettingsError` naming where it came from (the flag or
 the variable) and the value (never a key's); its ``sentences`` say the same one problem a line,
@@ -34,7 +35,7 @@ from pydantic_settings import (
 )
 
 from dressage.commands import error_message
-from dressage.config.env import declare
+from dressage.config.env import declare, env_secret
 
 __all__ = [
     "LayeredSettings",
@@ -102,7 +103,8 @@ class LayeredSettings(BaseSettings):
     (the launcher's ``TP_SIZE``, Ray's ``RAY_ADDRESS``); a field without one is set by a given
     value only."""
     SECRETS: ClassVar[frozenset[str]] = frozenset()
-    """Fields whose values are never echoed in an error."""
+    """Keys: their values are never echoed in an error, and a key's variable set but empty is
+    an error (what an unset ``$KEY`` expands to in a shell), not "no key"."""
     WHAT: ClassVar[str] = "settings"
     """What the settings are, for error messages."""
 
@@ -122,6 +124,12 @@ class LayeredSettings(BaseSettings):
         """``given`` (None or "" = not given) over the variables over the defaults, validated;
         ``given_as`` names where each given field came from (a flag, an ``args`` attribute)."""
         values = {field: value for field, value in given.items() if value not in (None, "")}
+        for field in sorted(cls.SECRETS - values.keys()):
+            name = cls.ENV.get(field)
+            try:
+                env_secret(name) if name else None  # set but empty: an error, never "no key"
+            except ValueError as exc:
+                raise SettingsError(f"invalid {cls.WHAT}: {exc}", (str(exc),)) from None
         try:
             return cls(**values)
         except ValidationError as exc:

@@ -94,9 +94,12 @@ def test_the_drivers_flags_are_layered_after_parsing(monkeypatch: pytest.MonkeyP
 def test_the_rollouts_proxy_attribute_over_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ProxyAccessSettings.from_args(SimpleNamespace()).proxy_url is None
     monkeypatch.setenv("DRESSAGE_PROXY_URL", "http://variable:1")
-    monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_KEY", "")  # empty: unset
+    monkeypatch.delenv("DRESSAGE_PROXY_ADMIN_KEY", raising=False)
     access = ProxyAccessSettings.from_args(SimpleNamespace(dressage_proxy_url=""))
     assert (access.proxy_url, access.admin_key) == ("http://variable:1", None)
+    monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_KEY", "")  # a key set but empty: an error
+    with pytest.raises(SettingsError, match="DRESSAGE_PROXY_ADMIN_KEY is set but empty"):
+        ProxyAccessSettings.from_args(SimpleNamespace())
     given = SimpleNamespace(dressage_proxy_url="http://attr:2", dressage_proxy_admin_key="k" * 12)
     access = ProxyAccessSettings.from_args(given)
     assert (access.proxy_url, access.admin_key) == ("http://attr:2", "k" * 12)
