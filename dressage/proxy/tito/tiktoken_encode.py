@@ -193,15 +193,10 @@ def bpe_ranks(spec: dict[str, Any]) -> dict[bytes, int] | None:
     """The model's tokens as bytes -> id when it is a byte-level BPE that merges as tiktoken
     does (see the module docstring), else None."""
     model = spec.get("model") or {}
-    plain = {
-        "type": "BPE",
-        "dropout": None,
-        "continuing_subword_prefix": None,
-        "end_of_word_suffix": None,
-        "byte_fallback": False,
-        "ignore_merges": True,
-    }
+    plain = {"type": "BPE", "dropout": None, "byte_fallback": False, "ignore_merges": True}
     if any(model.get(k) != v for k, v in plain.items()):
+        return None
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         return None
     vocab: dict[str, int] = model.get("vocab") or {}
     ranks = _byte_ranks(vocab)
