@@ -111,6 +111,37 @@ def test_bench_texts_and_the_source_tree_get_the_backend_ids(
     assert count > 1000
 
 
+def _tie_texts(tokenizer: Any) -> list[str]:
+    """Text around every token ``T == x+y == y+z`` whose backend merge ``(y, z)`` comes before
+    ``(x, y)``: where the backend's tie-break (merge order) and tiktoken's (leftmost) differ."""
+    model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    vocab, index = model["vocab"], {tuple(m): i for i, m in enumerate(model["merges"])}
+    alphabet = byte_level_alphabet()
+    texts = []
+    for token in vocab:
+        for k in range(1, len(token)):
+            x, y, z = token[:-k], token[:k], token[k:]
+            if token[-k:] != y or (x, y) == (y, z) or not {x, y, z} <= vocab.keys():
+                continue
+            if index[(x, y)] > index[(y, z)]:
+                for chars in (x + y + z, x + token, token + z):
+                    raw = bytes(alphabet[c] for c in chars)
+                    texts.append(raw.decode("utf-8", errors="ignore"))
+    return texts
+
+
+def test_text_where_the_tie_breaks_differ_gets_the_backend_ids(
+    pair: tuple[TiktokenEncoder, Any],
+) -> None:
+    fast, tokenizer = pair
+    reference = _reference(tokenizer)
+    texts = _tie_texts(tokenizer)
+    assert len(texts) > 1000
+    for text in texts:
+        for variant in (text, f" {text}", text * 2):
+            assert fast(variant) == reference(variant), variant
+
+
 def test_added_tokens_keep_their_ids_wherever_they_are(pair: tuple[TiktokenEncoder, Any]) -> None:
     fast, tokenizer = pair
     for token, token_id in tokenizer.added_tokens_encoder.items():
