@@ -113,6 +113,7 @@ RULES: list[tuple[str, str, str]] = [
     ("TITO encode", r"dressage/proxy/encoding\.py$", r".*"),
     ("TITO encode", r"/transformers/|/tokenizers/", r".*"),
     ("TITO encode", r"dressage/proxy/tito/base\.py$", r"make_encoder|encode|<lambda>"),
+    ("TITO encode", r"dressage/proxy/tito/tiktoken_encode\.py$|/tiktoken/", r".*"),
     ("TITO append check and state", r"dressage/proxy/tito/", r".*"),
     ("TITO append check and state", r"dressage/proxy/turns\.py$", r".*"),
     # validation of the request (beyond JSON well-formedness)

@@ -39,10 +39,16 @@ Encoder = Callable[[str], list[int]]
 
 
 def make_encoder(tokenizer: PreTrainedTokenizerBase) -> Encoder:
-    """``tokenizer.encode(text, add_special_tokens=False)``, through the Rust backend when there is
-    one (same ids, without transformers' per-call Python overhead)."""
+    """``tokenizer.encode(text, add_special_tokens=False)``: through tiktoken when the tokenizer is
+    one it reproduces (:mod:`~dressage.proxy.tito.tiktoken_encode`), else through the Rust
+    backend when there is one (same ids, without transformers' per-call Python overhead)."""
     from tokenizers import Tokenizer
 
+    from dressage.proxy.tito.tiktoken_encode import tiktoken_encoder
+
+    fast = tiktoken_encoder(tokenizer)
+    if fast is not None:
+        return fast
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
         return lambda text: backend.encode(text, add_special_tokens=False).ids
