@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dressage.assets import load_family_tokenizer, load_tokenizer
-from dressage.proxy.tito.base import make_encoder
+from dressage.proxy.tito.base import SwitchingEncoder, make_encoder
 from dressage.proxy.tito.tiktoken_encode import (
     TiktokenEncoder,
     byte_level_alphabet,
@@ -54,7 +54,7 @@ def pair(request: pytest.FixtureRequest) -> tuple[TiktokenEncoder, Any]:
     tokenizer = load_tokenizer(request.param)
     fast = tiktoken_encoder(tokenizer)
     assert fast is not None, f"{request.param} should take the tiktoken path"
-    assert make_encoder(tokenizer) is fast  # the verdict and encoder are cached
+    assert make_encoder(tokenizer) is fast  # once built, the verdict and encoder are cached
     return fast, tokenizer
 
 
@@ -219,8 +219,8 @@ CHANGES = [_nfkc, _use_regex, _lstrip, _swap_merges, _drop_merge, _merges_on_who
 def test_a_tokenizer_failing_a_check_keeps_the_backend_path(change: Any) -> None:
     tokenizer = _modified(change)
     assert tiktoken_encoder(tokenizer) is None
-    encode = make_encoder(tokenizer)
-    assert not isinstance(encode, TiktokenEncoder)
+    encode = make_encoder(tokenizer)  # known already: no thread
+    assert not isinstance(encode, TiktokenEncoder | SwitchingEncoder)
     text = "ﬁne <think>x</think> Å"
     assert encode(text) == tokenizer.encode(text, add_special_tokens=False)
 
@@ -241,3 +241,16 @@ def test_family_tokenizers_take_the_fast_path_only_with_equal_ids(family: Any) -
     for text in [*_corpus()[:6], "日本語 1234567 don't  \r\n\n x😀"]:
         for chunk in _chunks(text, rng):
             assert encode(chunk) == tokenizer.encode(chunk, add_special_tokens=False)
+
+
+def test_a_new_tokenizer_is_encoded_at_once_and_switches_to_tiktoken_when_built() -> None:
+    """Nothing waits for the build: the backend encodes until tiktoken's encoder is there."""
+    tokenizer = _modified(lambda spec: None)
+    encode = make_encoder(tokenizer)
+    assert isinstance(encode, SwitchingEncoder)
+    text = "x <tool_call>{}</tool_call> Å"
+    assert encode(text) == tokenizer.encode(text, add_special_tokens=False)  # either encoder
+    assert encode.built.wait(120), "the tiktoken encoder was never built"
+    assert isinstance(encode.encode, TiktokenEncoder)
+    assert encode(text) == tokenizer.encode(text, add_special_tokens=False)
+    assert make_encoder(tokenizer) is encode.encode

@@ -9,9 +9,11 @@ prefix-checking mode (:mod:`~dressage.proxy.tito.generic`) and the snapshot base
 
 from __future__ import annotations
 
+import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dressage.proxy.parsers import ParsedOutput, parse_assistant_output
 from dressage.proxy.tito.history import AppendOk, check_append
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Encoder",
+    "SwitchingEncoder",
     "TITOTokenizer",
     "make_decoder",
     "make_encoder",
@@ -36,6 +39,7 @@ __all__ = [
 ]
 
 Encoder = Callable[[str], list[int]]
+log = logging.getLogger(__name__)
 
 
 def make_encoder(tokenizer: PreTrainedTokenizerBase) -> Encoder:
@@ -44,15 +48,45 @@ def make_encoder(tokenizer: PreTrainedTokenizerBase) -> Encoder:
     backend when there is one (same ids, without transformers' per-call Python overhead)."""
     from tokenizers import Tokenizer
 
-    from dressage.proxy.tito.tiktoken_encode import tiktoken_encoder
+    from dressage.proxy.tito.tiktoken_encode import known_tiktoken_encoder
 
-    fast = tiktoken_encoder(tokenizer)
+    known, fast = known_tiktoken_encoder(tokenizer)
     if fast is not None:
-        return fast
+        return cast(Encoder, fast)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
-        return lambda text: backend.encode(text, add_special_tokens=False).ids
-    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+        slow: Encoder = lambda text: backend.encode(text, add_special_tokens=False).ids  # noqa: E731
+    else:
+        slow = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    return slow if known else SwitchingEncoder(tokenizer, slow)
+
+
+class SwitchingEncoder:
+    """The backend's encoder until tiktoken's is built for the tokenizer (a few seconds, in a
+    thread, so that nothing waits for it at start), then tiktoken's: both give the same ids
+    (:mod:`~dressage.proxy.tito.tiktoken_encode`), so a call may take either."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, slow: Encoder) -> None:
+        self.encode: Encoder = slow
+        self.built = threading.Event()
+        threading.Thread(
+            target=self._build, args=(tokenizer,), name="tiktoken-encoder", daemon=True
+        ).start()
+
+    def _build(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        from dressage.proxy.tito.tiktoken_encode import tiktoken_encoder
+
+        try:
+            fast = tiktoken_encoder(tokenizer)
+            if fast is not None:
+                self.encode = fast
+        except Exception:  # the backend's encoder stays: same ids, slower
+            log.exception("building the tiktoken encoder failed; the backend's encoder stays")
+        finally:
+            self.built.set()
+
+    def __call__(self, text: str) -> list[int]:
+        return self.encode(text)
 
 
 def make_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:

@@ -43,7 +43,12 @@ if TYPE_CHECKING:
     import tiktoken
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["TiktokenEncoder", "byte_level_alphabet", "tiktoken_encoder"]
+__all__ = [
+    "TiktokenEncoder",
+    "byte_level_alphabet",
+    "known_tiktoken_encoder",
+    "tiktoken_encoder",
+]
 
 Encoder = Callable[[str], list[int]]
 
@@ -99,6 +104,15 @@ class TiktokenEncoder:
             elif part:
                 out += self._segment(part)
         return out
+
+
+def known_tiktoken_encoder(tokenizer: PreTrainedTokenizerBase) -> tuple[bool, Any]:
+    """(True, what :func:`tiktoken_encoder` returns) when it is known for ``tokenizer``
+    already; (False, None) when finding out would build it."""
+    try:
+        return True, _CACHE[tokenizer]
+    except (KeyError, TypeError):
+        return False, None
 
 
 def tiktoken_encoder(tokenizer: PreTrainedTokenizerBase) -> TiktokenEncoder | None:
