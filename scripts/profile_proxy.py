@@ -113,6 +113,7 @@ RULES: list[tuple[str, str, str]] = [
     ("TITO encode", r"dressage/proxy/encoding\.py$", r".*"),
     ("TITO encode", r"/transformers/|/tokenizers/", r".*"),
     ("TITO encode", r"dressage/proxy/tito/base\.py$", r"make_encoder|encode|<lambda>"),
+    ("TITO encode", r"dressage/proxy/tito/tiktoken_encode\.py$|/tiktoken/", r".*"),
     ("TITO append check and state", r"dressage/proxy/tito/", r".*"),
     ("TITO append check and state", r"dressage/proxy/turns\.py$", r".*"),
     # validation of the request (beyond JSON well-formedness)
@@ -284,7 +285,7 @@ def profile_level(
     try:
         load = ["--mode", "proxy", "--sessions", str(sessions), "--proxy", url]
         load += ["--seed", f"p{sessions}", "--seconds", str(args.seconds)]
-        r = bench._role("load", *common, *load)
+        r = bench.run_role("load", *common, *load)
         cpu = bench._cpu_s(proxy_pid) - cpu
     finally:
         said = _stop_sampler(spy)
@@ -349,11 +350,11 @@ def main() -> int:
     levels = []
     try:
         with _stderr_to(services_log):
-            engine, engine_url = bench._spawn(
+            engine, engine_url = bench.spawn(
                 1, ["-m", "dressage.proxy.testing", "--output-file", str(output_file)],
                 "SCRIPTED_ENGINE_URL=",
             )  # fmt: skip
-            proxy, url = bench._proxy(engine_url, str(tmp / "store"))
+            proxy, url = bench.proxy_process(engine_url, str(tmp / "store"))
         try:
             common = ["--engine", engine_url, "--output-file", str(output_file)]
             for n in args.sessions:
@@ -361,8 +362,8 @@ def main() -> int:
                 levels.append(profile_level(bench, proxy.pid, url, common, n, args, raw))
                 print(table(levels[-1]) + "\n", flush=True)
         finally:
-            bench._stop(proxy)
-            bench._stop(engine)
+            bench.stop_process(proxy)
+            bench.stop_process(engine)
     except Exception:
         if services_log.exists():
             print(services_log.read_text()[-3000:], file=sys.stderr)

@@ -38,3 +38,52 @@ def test_not_json_names_the_text() -> None:
         parse_json_body(b"{nope", what="the arguments")
     with pytest.raises(JSONBodyError, match="not valid JSON"):
         parse_json_body(b"\xff\xfe")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": [1, 2.5, -0.0, 1e-05, 1e16, "x\\n\\u2028\\u00e9"], "b": {"c": null, "d": true}}',
+        b'{"big": 123456789012345678901234567890, "neg": -18446744073709551617}',
+        b'{"inf": [NaN, Infinity, -Infinity]}',
+        b'{"a": 1, "a": 2}',
+        b'"\\ud83d\\ude00"',
+        b"123456789012345678901234567890",
+        b'[0.00012345678901234567, 1.5e-07, "1234567890123456789012", 9223372036854775807]',
+    ],
+)
+def test_loads_reads_what_json_reads_and_dumps_writes_it_back(raw: bytes) -> None:
+    import json
+    import math
+
+    from dressage.http_json import dumps, loads
+
+    value = loads(raw)
+    expected = json.loads(raw)
+    assert json.dumps(value, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert all(type(a) is type(b) or math.isnan(b) or math.isinf(b)
+               for a, b in zip(_leaves(value), _leaves(expected), strict=True))  # fmt: skip
+    written = dumps(value)
+    assert (
+        json.loads(written)
+        == json.loads(json.dumps(expected, ensure_ascii=False, separators=(",", ":")))
+        or "NaN" in written.decode()
+    )
+    if b"NaN" in raw:  # written back as json writes it, not as orjson's null
+        assert written == b'{"inf":[NaN,Infinity,-Infinity]}'
+
+
+def _leaves(value: object) -> list[object]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+def test_dumps_falls_back_to_json_for_what_orjson_does_not_write() -> None:
+    from dressage.http_json import dumps
+
+    assert dumps({1: [2**70]}) == b'{"1":[1180591620717411303424]}'
+    with pytest.raises(UnicodeEncodeError):  # a lone surrogate is no UTF-8, as before
+        dumps(["\ud800"])

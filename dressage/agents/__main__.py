@@ -43,7 +43,8 @@ async def _run(agent_name: str, task: AgentTask) -> AgentResult:
 
     agent = load_agent(agent_name)
     # The SDK reads OPENAI_BASE_URL itself; a proxy without API keys still needs a non-empty one.
-    client = AsyncOpenAI(api_key=os.environ.get("OPENAI_API_KEY") or "unused", max_retries=0)
+    key = os.environ.get("OPENAI_API_KEY")
+    client = AsyncOpenAI(api_key=key or "unused", max_retries=0)
     try:
         return await agent(client, task)
     finally:

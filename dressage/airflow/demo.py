@@ -19,12 +19,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from dressage.commands import command_parser
 from dressage.config.job import EMBEDDED_MOPD_OPTIONS
+from dressage.config.layered import LayeredSettings, SettingsError
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAG_ID = "dressage_mopd"
@@ -40,6 +41,16 @@ shared prompt computed once) instead of 32; groups whose oldest token is more th
 versions old are dropped and their prompts generated again (the agents now outpace the trainer:
 without a bound the queue of finished groups grew until the trainer saw samples 50 versions
 old); held-out accuracy every tenth step (and before and after the run)."""
+
+
+class DemoSettings(LayeredSettings):
+    """``--steps`` over ``DEMO_STEPS`` (``make demo``'s) over 100, as every setting is layered
+    (:mod:`dressage.config.layered`)."""
+
+    ENV: ClassVar[Mapping[str, str]] = {"steps": "DEMO_STEPS"}
+    WHAT: ClassVar[str] = "demo settings"
+
+    steps: int = 100
 
 
 def _environment(verbose: bool) -> None:
@@ -167,8 +178,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--steps",
         type=int,
-        default=int(os.environ.get("DEMO_STEPS", "100")),
-        help="training steps (the steps Param) [env DEMO_STEPS]",
+        default=None,
+        help=f"training steps (the steps Param; default: "
+        f"{DemoSettings.model_fields['steps'].default}) [env DEMO_STEPS]",
     )
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (the seed Param)")
     parser.add_argument(
@@ -184,8 +196,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The flags, ``--steps`` layered over ``DEMO_STEPS`` (a bad value: argparse's refusal)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = DemoSettings.layered({"steps": args.steps}, given_as={"steps": "--steps"})
+    except SettingsError as exc:
+        parser.error("; ".join(exc.sentences))
+    args.steps = settings.steps
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     _environment(args.verbose)
     conf = _conf(args)
     home = Path(os.environ["AIRFLOW_HOME"])

@@ -222,5 +222,5 @@ def validation_params() -> dict[str, Param]:
 
 def schedule_from_env(name: str = SCHEDULE_ENV) -> str | None:
     """A DAG schedule from a declared ``DRESSAGE_*`` variable; None (manual only) when unset."""
-    value = (env_str(name) or "").strip()
-    return value or None
+    value = env_str(name)
+    return (value.strip() or None) if value is not None else None

@@ -6,11 +6,14 @@ tito_families.py  the TITO chat families' names, which the proxy's settings chec
 mopd.py           the MOPD config (teachers, datasets, reward modules) and its checks
 mopd_files.py     reading a MOPD config file (placeholders, relative paths)
 problems.py       what validation reports
-layered.py        flags over variables over defaults (pydantic-settings), for the modules below
+layered.py        the one layering of flags over variables over defaults (pydantic-settings),
+                  for the modules below and every command
 pause_client.py   the trainer's pause client (pause around weight updates, required, timeout)
 agent_dispatch.py the black-box rollout's agent dispatch (proxy, agent, timeouts, attempts)
+proxy_access.py   the rollout's proxy URL and admin key (args over DRESSAGE_PROXY_*)
+mopd_path.py      the MOPD config's path (a flag or args over DRESSAGE_MOPD_TEACHER_CONFIG)
 run.py            a training run: a MOPD launch's settings (the MOPD objectives' names and
-                  defaults), an embedded job's RUN.json
+                  defaults; the launcher's flags over TP_SIZE, ...), an embedded job's RUN.json
 job.py            RUN.json's ``advanced`` options (and the cluster's)
 """
 

@@ -142,12 +142,12 @@ OTHER_VARIABLES: dict[str, str] = {
 
 def launcher_variables() -> list[tuple[str, str]]:
     """(name, meaning) of the launcher's variables, which keep slime's launch scripts' names."""
-    from dressage.config.run import ENV_FIELDS
+    from dressage.config.run import MopdRunSettings
 
-    return [
+    return sorted(
         (name, f"The launcher's --{field.replace('_', '-')}.")
-        for name, field in sorted(ENV_FIELDS.items())
-    ]
+        for field, name in MopdRunSettings.ENV.items()
+    )
 
 
 def _raw(name: str) -> str | None:

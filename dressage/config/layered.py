@@ -11,8 +11,12 @@ values a caller was given (flags, slime ``args`` attributes; None or "" = not gi
     PauseClientSettings.layered({"required": None}, given_as={"required": "--required"})
 
 A given value wins over its variable, a variable over the field's default (written once, on the
-field); an empty variable is unset. A value that does not validate is a :class:`SettingsError`
-naming where it came from (the flag or the variable) and the value (never a key's).
+field); an empty variable is unset, but for a key (``SECRETS``), where it is an error. A field
+missing from ``ENV`` is set by a given value only
+(a settings class layered over a model whose every field is a flag, not every one a variable).
+A value that does not validate is a :class:`SettingsError` naming where it came from (the flag or
+the variable) and the value (never a key's); its ``sentences`` say the same one problem a line,
+for a command line to print.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from dressage.config.env import declare
+from dressage.commands import error_message
+from dressage.config.env import declare, env_secret
 
 __all__ = [
     "LayeredSettings",
@@ -43,6 +48,19 @@ __all__ = [
 
 class SettingsError(ValueError):
     """Settings that cannot run; the message names the flag or variable and the value."""
+
+    def __init__(self, message: str, sentences: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.sentences = sentences or (message,)
+        """One sentence a problem, each naming its flag or variable: ``--seed should be a
+        valid integer, ..., got 'x'``."""
+
+
+class _Hidden:
+    """A key's value in an error: never echoed."""
+
+    def __repr__(self) -> str:
+        return "<hidden>"
 
 
 class NamedVariables(EnvSettingsSource):
@@ -62,7 +80,9 @@ class NamedVariables(EnvSettingsSource):
         one is unset, with a deprecation warning naming the new one."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        name = self.names[field_name]
+        name = self.names.get(field_name)
+        if name is None:  # a field no variable sets
+            return None, field_name, self.field_is_complex(field)
         value = self.env_vars.get(name)
         old = self.renamed.get(field_name)
         if value in (None, "") and old is not None and self.env_vars.get(old) not in (None, ""):
@@ -79,9 +99,12 @@ class LayeredSettings(BaseSettings):
     )
 
     ENV: ClassVar[Mapping[str, str]] = {}
-    """Field -> its ``DRESSAGE_*`` variable (every field has one)."""
+    """Field -> its variable: a ``DRESSAGE_*`` one, or a name users' scripts already export
+    (the launcher's ``TP_SIZE``, Ray's ``RAY_ADDRESS``); a field without one is set by a given
+    value only."""
     SECRETS: ClassVar[frozenset[str]] = frozenset()
-    """Fields whose values are never echoed in an error."""
+    """Keys: their values are never echoed in an error, and a key's variable set but empty is
+    an error (what an unset ``$KEY`` expands to in a shell), not "no key"."""
     WHAT: ClassVar[str] = "settings"
     """What the settings are, for error messages."""
 
@@ -101,20 +124,51 @@ class LayeredSettings(BaseSettings):
         """``given`` (None or "" = not given) over the variables over the defaults, validated;
         ``given_as`` names where each given field came from (a flag, an ``args`` attribute)."""
         values = {field: value for field, value in given.items() if value not in (None, "")}
+        for field in sorted(cls.SECRETS - values.keys()):
+            name = cls.ENV.get(field)
+            try:
+                env_secret(name) if name else None  # set but empty: an error, never "no key"
+            except ValueError as exc:
+                raise SettingsError(f"invalid {cls.WHAT}: {exc}", (str(exc),)) from None
         try:
             return cls(**values)
         except ValidationError as exc:
-            problems = [cls._problem(error, values, given_as) for error in exc.errors()]
-            raise SettingsError(f"invalid {cls.WHAT}: " + "; ".join(problems)) from None
+            errors = exc.errors(include_url=False)
+            problems = [cls._problem(error, values, given_as) for error in errors]
+            sentences = tuple(cls._sentence(error, values, given_as) for error in errors)
+            raise SettingsError(f"invalid {cls.WHAT}: " + "; ".join(problems), sentences) from None
+
+    @classmethod
+    def _source(
+        cls, error: Mapping[str, Any], values: Mapping[str, Any], given_as: Mapping[str, str]
+    ) -> tuple[str, str]:
+        """The error's field, and where its value came from: the given value's name, else the
+        variable (a missing field: both)."""
+        field = ".".join(map(str, error["loc"])) or "settings"
+        flag = given_as.get(field, field)
+        if field in values:
+            return field, flag
+        if error["type"] == "missing" and field in cls.ENV:
+            return field, f"{flag} or {cls.ENV[field]}"
+        return field, cls.ENV.get(field, flag)
 
     @classmethod
     def _problem(
         cls, error: Mapping[str, Any], values: Mapping[str, Any], given_as: Mapping[str, str]
     ) -> str:
-        field = ".".join(map(str, error["loc"])) or "settings"
-        source = given_as.get(field, field) if field in values else cls.ENV.get(field, field)
+        field, source = cls._source(error, values, given_as)
+        if error["type"] == "missing":  # its input is everything else given: never shown
+            return f"{source}: {error['msg']}"
         value = "<hidden>" if field in cls.SECRETS else repr(error.get("input"))
         return f"{source}={value}: {error['msg']}"
+
+    @classmethod
+    def _sentence(
+        cls, error: Mapping[str, Any], values: Mapping[str, Any], given_as: Mapping[str, str]
+    ) -> str:
+        field, source = cls._source(error, values, given_as)
+        shown = {**error, "input": _Hidden()} if field in cls.SECRETS else error
+        return f"{source} {error_message(shown, cls)}"
 
 
 def env_default(info: FieldInfo) -> str | None:

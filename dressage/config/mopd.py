@@ -41,8 +41,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dressage.config.env import env_str
 from dressage.config.mopd_files import pydantic_problems, resolve_paths
+from dressage.config.mopd_path import MOPD_CONFIG_ENV, mopd_config_path
 from dressage.config.problems import MopdConfigError, MopdReport, Problem
 
 __all__ = [
@@ -187,14 +187,15 @@ because a config's ``${VAR}`` placeholders expand from it."""
 def load_mopd_config(path: str | Path | None = None) -> MopdConfig:
     """Read, type-check and path-resolve the config; raise :class:`MopdConfigError` if invalid.
 
-    ``path`` defaults to ``$DRESSAGE_MOPD_TEACHER_CONFIG``. A file is parsed and validated
+    ``path`` (None or "": not given) over ``$DRESSAGE_MOPD_TEACHER_CONFIG``
+    (:func:`~dressage.config.mopd_path.mopd_config_path`). A file is parsed and validated
     once per process: a later call for the same file with the same content returns the same
     (frozen) config; a changed file (or environment, which its ``${VAR}`` placeholders read) is
     validated again.
     """
-    raw_path = str(path) if path is not None else env_str("DRESSAGE_MOPD_TEACHER_CONFIG")
+    raw_path = mopd_config_path(path, given_as="path")
     if not raw_path:
-        problem = Problem("DRESSAGE_MOPD_TEACHER_CONFIG", "no MOPD config path given or set")
+        problem = Problem(MOPD_CONFIG_ENV, "no MOPD config path given or set")
         raise MopdConfigError([problem], source="MOPD config")
     source = Path(raw_path).expanduser().resolve()
     try:

@@ -1,15 +1,19 @@
 """The typed settings of a training run: a MOPD launch of slime, and an embedded job's RUN.json.
 
     MopdRunConfig.model_validate(params)                       # Airflow Params, JSON
-    MopdRunConfig.from_env(os.environ, output_dir="runs/x")    # TP_SIZE, CP_SIZE, ... (below)
+    MopdRunSettings.layered(flags, given_as=flag_names)        # flags over TP_SIZE, ... (below)
     TrainRunConfig.model_validate_json(Path("RUN.json").read_text())
 
 :class:`MopdRunConfig` holds only what a launch decides (parallelism, batch sizes, seeds,
 checkpoints, W&B); the teachers and datasets live in the MOPD config it names.
 :class:`TrainRunConfig` is RUN.json, what one training job does (its command and outputs:
 :mod:`dressage.launch.train_job`; its ``advanced`` options: :mod:`dressage.config.job`).
-Credentials never live here: W&B and the config's ``runtime_env_keys`` are read from the
-environment and forwarded through the Ray runtime environment, never put on a command line.
+:class:`MopdRunSettings` is the launcher's: a :class:`MopdRunConfig` layered as every setting is
+(:mod:`dressage.config.layered`), a flag over its variable over the field's default, an empty
+variable unset. The variables keep the names of slime's launch scripts (``TP_SIZE``,
+``NUM_GPUS``, ... in ``MopdRunSettings.ENV``; ``dressage env`` lists them). Credentials never
+live here: W&B and the config's ``runtime_env_keys`` are read from the environment and forwarded
+through the Ray runtime environment, never put on a command line.
 """
 
 from __future__ import annotations
@@ -17,18 +21,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import SettingsConfigDict
+
+from dressage.config.layered import LayeredSettings
+from dressage.config.mopd_path import MOPD_CONFIG_ENV
 
 __all__ = [
     "DEFAULT_MOPD_OBJECTIVE",
     "DEFAULT_MOPD_TOPK",
-    "ENV_FIELDS",
     "MOPD_OBJECTIVES",
     "ClusterLayout",
     "MopdObjective",
     "MopdRunConfig",
+    "MopdRunSettings",
+    "RaySubmitSettings",
     "TrainRunConfig",
 ]
 
@@ -139,38 +148,51 @@ class MopdRunConfig(ClusterLayout):
     check_imports: bool = True
     """Import hooks, generate functions and reward modules here before launching."""
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> MopdRunConfig:
-        """Fields from the launcher's variables (``ENV_FIELDS``); ``overrides`` win."""
-        values: dict[str, Any] = {
-            field: environ[name] for name, field in ENV_FIELDS.items() if environ.get(name)
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(values)
+
+class MopdRunSettings(LayeredSettings, MopdRunConfig):
+    """The launcher's :class:`MopdRunConfig`: its flags over the variables of ``ENV`` over the
+    fields' defaults (a field without a variable is a flag only)."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        case_sensitive=True,
+        env_ignore_empty=True,
+    )
+    ENV: ClassVar[Mapping[str, str]] = {
+        "mopd_config": MOPD_CONFIG_ENV,
+        "output_dir": "OUTPUT_DIR",
+        "hf_checkpoint": "HF_CHECKPOINT",
+        "ref_load": "REF_LOAD",
+        "tp_size": "TP_SIZE",
+        "cp_size": "CP_SIZE",
+        "pp_size": "PP_SIZE",
+        "actor_num_nodes": "NUM_NODES",
+        "actor_num_gpus_per_node": "NUM_GPUS",
+        "rollout_batch_size": "ROLLOUT_BATCH_SIZE",
+        "n_samples_per_prompt": "N_SAMPLES_PER_PROMPT",
+        "global_batch_size": "GLOBAL_BATCH_SIZE",
+        "num_rollout": "NUM_ROLLOUT",
+        "max_tokens_per_gpu": "MAX_TOKENS_PER_GPU",
+        "seed": "SEED",
+        "rollout_seed": "ROLLOUT_SEED",
+        "use_wandb": "USE_WANDB",
+        "wandb_project": "WANDB_PROJECT",
+        "wandb_group": "WANDB_GROUP",
+    }
+    """Field -> the variable of slime's launch scripts that sets it."""
+    WHAT: ClassVar[str] = "MOPD launch settings"
 
 
-# Variable names of the seed's launch scripts -> fields.
-ENV_FIELDS: Mapping[str, str] = {
-    "DRESSAGE_MOPD_TEACHER_CONFIG": "mopd_config",
-    "OUTPUT_DIR": "output_dir",
-    "HF_CHECKPOINT": "hf_checkpoint",
-    "REF_LOAD": "ref_load",
-    "TP_SIZE": "tp_size",
-    "CP_SIZE": "cp_size",
-    "PP_SIZE": "pp_size",
-    "NUM_NODES": "actor_num_nodes",
-    "NUM_GPUS": "actor_num_gpus_per_node",
-    "ROLLOUT_BATCH_SIZE": "rollout_batch_size",
-    "N_SAMPLES_PER_PROMPT": "n_samples_per_prompt",
-    "GLOBAL_BATCH_SIZE": "global_batch_size",
-    "NUM_ROLLOUT": "num_rollout",
-    "MAX_TOKENS_PER_GPU": "max_tokens_per_gpu",
-    "SEED": "seed",
-    "ROLLOUT_SEED": "rollout_seed",
-    "USE_WANDB": "use_wandb",
-    "WANDB_PROJECT": "wandb_project",
-    "WANDB_GROUP": "wandb_group",
-}
+class RaySubmitSettings(LayeredSettings):
+    """Where the launcher's ``--submit`` sends the job: ``--address`` over ``RAY_ADDRESS`` (Ray's
+    own variable) over the local dashboard."""
+
+    ENV: ClassVar[Mapping[str, str]] = {"address": "RAY_ADDRESS"}
+    WHAT: ClassVar[str] = "Ray job submission settings"
+
+    address: str = "http://127.0.0.1:8265"
 
 
 class TrainRunConfig(BaseModel):

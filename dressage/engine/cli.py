@@ -24,10 +24,11 @@ import gc
 import logging
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 from dressage.commands import command_parser
-from dressage.config.env import env_secret
+from dressage.config.layered import LayeredSettings
 from dressage.engine.config import ADMIN_KEY_ENV, API_KEY_ENV, EngineConfig
 
 READY_PREFIX = "DRESSAGE_ENGINE_URL="
@@ -85,10 +86,25 @@ def config_from_args(argv: Sequence[str]) -> tuple[EngineConfig, str]:
     """Flags over ``DRESSAGE_ENGINE_*`` keys; ValueError for settings that cannot run."""
     args = vars(_parser().parse_args(list(argv)))
     log_level = args.pop("log_level")
-    for field, env_name in (("api_key", API_KEY_ENV), ("admin_api_key", ADMIN_KEY_ENV)):
-        if args[field] is None:
-            args[field] = env_secret(env_name)
+    keys = EngineKeys.layered(
+        {"api_key": args["api_key"], "admin_api_key": args["admin_api_key"]},
+        given_as={"api_key": "--api-key", "admin_api_key": "--admin-api-key"},
+    )
+    for field in ("api_key", "admin_api_key"):
+        if args[field] is None:  # a flag given, even empty, is the key (EngineConfig refuses "")
+            args[field] = getattr(keys, field)
     return EngineConfig(**args), log_level
+
+
+class EngineKeys(LayeredSettings):
+    """The engine's keys: a flag over its variable (a variable set but empty is an error)."""
+
+    ENV: ClassVar[Mapping[str, str]] = {"api_key": API_KEY_ENV, "admin_api_key": ADMIN_KEY_ENV}
+    SECRETS: ClassVar[frozenset[str]] = frozenset({"api_key", "admin_api_key"})
+    WHAT: ClassVar[str] = "engine keys"
+
+    api_key: str | None = None
+    admin_api_key: str | None = None
 
 
 def serve_main(argv: Sequence[str]) -> int:

@@ -34,9 +34,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from pydantic import ValidationError
-
-from dressage.commands import command_parser, did_you_mean, validation_sentences
+from dressage.commands import command_parser, did_you_mean
+from dressage.config.layered import SettingsError
 from dressage.config.mopd import (
     MOPD_HOOKS,
     OBJECTIVE_SLIME_OPTIONS,
@@ -50,10 +49,11 @@ from dressage.config.mopd import (
 )
 from dressage.config.run import (
     DEFAULT_MOPD_TOPK,
-    ENV_FIELDS,
     MOPD_OBJECTIVES,
     ClusterLayout,
     MopdRunConfig,
+    MopdRunSettings,
+    RaySubmitSettings,
 )
 from dressage.launch.preflight import not_built
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
@@ -334,7 +334,7 @@ SLIME_SPELLINGS: Mapping[str, str] = {
     "cp_size": "--context-parallel-size",
     "pp_size": "--pipeline-model-parallel-size",
 }
-_ENV_OF = {field: name for name, field in ENV_FIELDS.items()}
+_ENV_OF = MopdRunSettings.ENV
 _REQUIRED = ("mopd_config", "output_dir")
 
 
@@ -393,7 +393,10 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="submit the command as a Ray job",
     )
     parser.add_argument(
-        "--address", default=None, help="Ray dashboard of --submit (default: $RAY_ADDRESS)"
+        "--address",
+        default=None,
+        help="Ray dashboard of --submit (default: $RAY_ADDRESS, else "
+        f"{RaySubmitSettings.model_fields['address'].default})",
     )
     return parser
 
@@ -424,12 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns, unknown = parser.parse_known_args(ours)
     if unknown:
         _unknown_flag_error(parser, unknown)
-    fields = {k: v for k, v in vars(ns).items() if k in MopdRunConfig.model_fields}
+    flags = {k: v for k, v in vars(ns).items() if k in MopdRunConfig.model_fields}
+    flags["extra_args"] = extra or None
     try:
-        run = MopdRunConfig.from_env(os.environ, **fields, extra_args=extra or None)
-    except ValidationError as exc:  # a bad flag value: one sentence each, naming the flag
-        flag_of = lambda loc: _flag(str(loc[0])) if loc else "the run"  # noqa: E731
-        for sentence in validation_sentences(exc, MopdRunConfig, name=flag_of):
+        run = MopdRunSettings.layered(flags, given_as={name: _flag(name) for name in flags})
+    except SettingsError as exc:  # a bad value: one sentence each, naming its flag or variable
+        for sentence in exc.sentences:
             print(f"{parser.prog}: {sentence}", file=sys.stderr)
         return 2
     try:
@@ -447,8 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_job_files(job)
     if ns.mode == "exec":
         os.execvpe(job.argv[0], job.argv, {**os.environ, **job.env})
-    address = ns.address or os.environ.get("RAY_ADDRESS") or "http://127.0.0.1:8265"
-    return subprocess.call(submit_argv(job, address))
+    submit = RaySubmitSettings.layered({"address": ns.address}, given_as={"address": "--address"})
+    return subprocess.call(submit_argv(job, submit.address))
 
 
 if __name__ == "__main__":

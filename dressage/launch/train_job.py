@@ -31,7 +31,8 @@ DEFAULT_JOB_MODULE = "dressage.jobs.train"  # the declared default (dressage.con
 
 def job_module() -> str:
     """``DRESSAGE_JOB_MODULE``, or its declared default (an empty value reads as unset)."""
-    return env_str(JOB_MODULE_ENV) or DEFAULT_JOB_MODULE
+    module = env_str(JOB_MODULE_ENV)  # the declared default when unset or empty
+    return DEFAULT_JOB_MODULE if module is None else module
 
 
 def train_entrypoint(run_config: str | Path, *, python: str) -> list[str]:

@@ -1,6 +1,6 @@
 """The proxy's access log: one line per HTTP request, on logger ``dressage.proxy.access``.
 
-    app.add_middleware(AccessLog)      # create_app does this unless --no-access-log
+    app.add_middleware(AccessLog)      # create_app does this with --access-log
 
 A line reads::
 
@@ -10,8 +10,9 @@ method, the route's template (never the raw path, so no id is logged twice and n
 client put in a query string is logged), the session (the path's id, else the
 ``X-Session-Id`` header), the status sent, the time to the end of the answer in milliseconds,
 and on a 4xx the field the request was refused for (the ``param`` of the error body) and the
-error's code. It carries no message content and no key. The lines are at INFO; ``dressage-proxy``
-keeps this logger at INFO whatever ``--log-level`` says, so the log is on by default. A
+error's code. It carries no message content and no key. The log is off by default (a line
+costs about 3% of a call's CPU, docs/proxy-performance.md) and on with ``--access-log``; its lines
+are at INFO, and ``dressage-proxy`` then keeps this logger at INFO whatever ``--log-level`` says. A
 streamed answer is logged when its stream ends (its status is 200 even when an error travels
 in the stream: the error is logged by the chat route).
 """

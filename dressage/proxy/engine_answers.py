@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dressage.http_json import loads_engine
+
 __all__ = [
     "EngineError",
     "EngineOutput",
@@ -92,10 +94,15 @@ class EngineOutput:
     ``top_logprobs_num``; empty when not asked)."""
 
 
-def _triples(meta: dict[str, Any], rid: str, url: str) -> tuple[list[int], list[float]]:
+def _raw_triples(meta: dict[str, Any], rid: str, url: str) -> list[Any]:
     triples = meta.get("output_token_logprobs")
     if not isinstance(triples, list):
         raise EngineError(url, f"request {rid}: meta_info has no output_token_logprobs")
+    return triples
+
+
+def _triples(triples: list[Any], rid: str, url: str) -> tuple[list[int], list[float]]:
+    """Ids and log-probs of ``[logprob, id, text]`` triples."""
     try:
         return [int(t[1]) for t in triples], [float(t[0]) for t in triples]
     except (TypeError, ValueError, IndexError) as exc:
@@ -146,7 +153,7 @@ def read_output(data: Any, rid: str, url: str) -> EngineOutput:
     if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
         raise EngineError(url, f"request {rid}: unexpected /generate answer {data!r:.200}")
     meta = data["meta_info"]
-    ids, logprobs = _triples(meta, rid, url)
+    ids, logprobs = _triples(_raw_triples(meta, rid, url), rid, url)
     out = _output(meta, rid, url, ids, logprobs, start=0)
     out.top_logprobs = _tops(meta, 0)
     return out
@@ -164,7 +171,7 @@ async def read_stream(
         if payload == b"[DONE]":
             break
         try:
-            data = json.loads(payload)
+            data = loads_engine(payload)
         except ValueError:
             raise EngineError(url, f"request {rid}: bad stream chunk {payload!r:.200}") from None
         if isinstance(data, dict) and "error" in data:
@@ -172,12 +179,14 @@ async def read_stream(
         if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
             raise EngineError(url, f"request {rid}: unexpected chunk {data!r:.200}")
         meta = data["meta_info"]
-        ids, logprobs = _triples(meta, rid, url)
+        triples = _raw_triples(meta, rid, url)
         count = meta.get("completion_tokens")
         # Cumulative chunks (SGLang's default) repeat every token so far; incremental ones
         # (--incremental-streaming-output) carry only the new ones, with a cumulative count.
-        start = received if count is None or count == len(ids) else 0
-        out = _output(meta, rid, url, ids[start:], logprobs[start:], start=received)
+        # Only the new ones are read.
+        start = received if count is None or count == len(triples) else 0
+        ids, logprobs = _triples(triples[start:], rid, url)
+        out = _output(meta, rid, url, ids, logprobs, start=received)
         out.top_logprobs = _tops(meta, start)
         yield out
         received += len(out.output_ids)

@@ -21,7 +21,6 @@ SGLang's ``--admin-api-key`` asks.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -31,6 +30,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from dressage.http_json import dumps, loads_engine
 from dressage.proxy.engine_answers import (
     EngineError,
     EngineOutput,
@@ -137,7 +137,7 @@ class EngineClient:
         }
         if top_logprobs:
             rest["top_logprobs_num"] = top_logprobs
-        return b'{"input_ids":' + prompt.json_list() + b"," + json.dumps(rest).encode()[1:]
+        return b'{"input_ids":' + prompt.json_list() + b"," + dumps(rest)[1:]
 
     def _request_headers(self, routing_key: str | None) -> list[tuple[str, str]]:
         if routing_key is None:
@@ -197,7 +197,7 @@ class EngineClient:
         if response.status != 200:
             raise EngineRejectedError(self.url, response.status, error_message(response.body))
         try:
-            data = json.loads(response.body)
+            data = loads_engine(response.body)
         except ValueError:
             raise EngineError(self.url, f"request {rid}: /generate answered non-JSON") from None
         return self._output(data, rid)

@@ -128,8 +128,14 @@ class HTTP1Pool:
     """Keep-alive connections to one origin (scheme, host, port); safe for concurrent use."""
 
     def __init__(
-        self, base_url: str, *, max_idle: int = 1024, connect_timeout: float = 10.0
+        self,
+        base_url: str,
+        *,
+        max_idle: int = 1024,
+        connect_timeout: float = 10.0,
+        local_address: str | None = None,
     ) -> None:
+        """``local_address``: the address connections come from (the system's choice if None)."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -145,13 +151,18 @@ class HTTP1Pool:
         self._idle: list[_Conn] = []
         self._max_idle = max_idle
         self._connect_timeout = connect_timeout
+        self._local = (local_address, 0) if local_address else None
         self._closed = False
 
     async def _connect(self) -> _Conn:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 reader, writer = await asyncio.open_connection(
-                    self._host, self._port, ssl=self._ssl, limit=_MAX_HEADER_BYTES * 16
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    limit=_MAX_HEADER_BYTES * 16,
+                    local_addr=self._local,
                 )
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"cannot connect to {self.base_url}: {exc!r}") from None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from dressage.proxy.errors import BadRequest
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["EngineContext", "InputLimits", "default_budget", "input_chars"]
+__all__ = ["EngineContext", "InputLimits", "default_budget", "input_chars", "longest_token"]
 
 log = logging.getLogger(__name__)
 _RETRY_S = 30.0
@@ -101,6 +102,24 @@ def default_budget(default: int, prompt_tokens: int, context: EngineContext | No
     return max(1, min(default, context.length - prompt_tokens))
 
 
+_LONGEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def longest_token(tokenizer: PreTrainedTokenizerBase) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (at least 1), kept per tokenizer."""
+    try:
+        found = _LONGEST.get(tokenizer)
+    except TypeError:  # not weakly referable: measured each time
+        found = None
+    if found is None:
+        found = max(max(map(len, tokenizer.get_vocab()), default=1), 1)
+        try:
+            _LONGEST[tokenizer] = found
+        except TypeError:
+            pass
+    return found
+
+
 class InputLimits:
     """The engine's context (asked once) and the checks against it (module docstring)."""
 
@@ -111,6 +130,7 @@ class InputLimits:
         self._retry_at = 0.0
         self._lock = asyncio.Lock()
         self._max_token_chars: int | None = None
+        self._scan: asyncio.Future[int] | None = None
 
     async def context(self) -> EngineContext | None:
         if self._context is not None or time.monotonic() < self._retry_at:
@@ -121,16 +141,26 @@ class InputLimits:
                     self._context = parse_server_info(await self._engine.server_info())
                 except (EngineError, httpx.HTTPError, ValueError) as exc:
                     log.warning("engine limits unknown (/server_info: %s)", exc)
+                if self._context is not None and self._max_token_chars is None:
+                    self._max_token_chars = await self.scan()  # before any check needs it
                 if self._context is None:
                     self._retry_at = time.monotonic() + _RETRY_S
         return self._context
 
+    def scan(self) -> asyncio.Future[int]:
+        """The longest token's length, measured once in a worker thread (~0.2 s for 250k
+        entries, once per tokenizer in a process). The app starts it when it starts, so that
+        neither the first call nor a hostile client's first oversized message waits for it."""
+        if self._scan is None:
+            self._scan = asyncio.ensure_future(asyncio.to_thread(longest_token, self._tokenizer))
+        return self._scan
+
     @property
     def max_token_chars(self) -> int:
-        """Characters of the longest token (computed on first use: ~0.2 s for 250k entries)."""
+        """Characters of the longest token: known once the engine's context is (:meth:`scan`),
+        else measured here on first use."""
         if self._max_token_chars is None:
-            vocab = self._tokenizer.get_vocab()
-            self._max_token_chars = max(max(map(len, vocab), default=1), 1)
+            self._max_token_chars = longest_token(self._tokenizer)
         return self._max_token_chars
 
     def refuse_impossible(self, chars: int, context: EngineContext | None, where: str) -> None:

@@ -24,13 +24,16 @@ Rollout pause and resume (around weight updates), and partial rollout asked per 
 ``X-Dressage-Partial-Rollout`` header, ``open``'s ``partial_rollout``): the pause contract in
 :mod:`~dressage.proxy.pause_controller`.
 
-Every request gets one line on the ``dressage.proxy.access`` logger (method, route, session,
-status, milliseconds, the refused field of a 4xx; :mod:`~dressage.proxy.access_log`), unless
-``--no-access-log``.
+With ``--access-log`` every request gets one line on the ``dressage.proxy.access`` logger
+(method, route, session, status, milliseconds, the refused field of a 4xx;
+:mod:`~dressage.proxy.access_log`); it is off by default (about 3% of a call's CPU).
 
 The proxy checks its tokenizer against the engine's vocabulary once the engine answers, and
 refuses to start (exit status 2, the reason on stderr) when the engine serves another one,
 whether it answered at start or only later (:mod:`~dressage.proxy.vocabulary`).
+
+With ``--workers N`` (N > 1) :func:`main` runs :mod:`~dressage.proxy.front` instead: one port,
+N processes of this app behind it, each session in one of them (its calls, its store).
 
 Keys travel as ``Authorization: Bearer <key>`` (the OpenAI SDK sends its api_key so); the admin
 key is also accepted where the API key is. Bodies over ``--max-request-bytes`` get 413; bad
@@ -62,6 +65,7 @@ from dressage.config.proxy import ProxyConfig, ProxyConfigError, config_from_arg
 from dressage.proxy.access_log import ACCESS_LOGGER, AccessLog, note_refusal
 from dressage.proxy.chat_routes import SESSION_HEADERS, add_chat_routes
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
+from dressage.proxy.client_limits import RefusalThrottle
 from dressage.proxy.encoding import install_encode_memo
 from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.engine_client import EngineClient
@@ -75,6 +79,7 @@ from dressage.proxy.serving import uvicorn_config
 from dressage.proxy.sessions import SessionManager, parse_open_request
 from dressage.proxy.store import StoreError, TrajectoryStore
 from dressage.proxy.tito import TITOTokenizer, create_tito_tokenizer
+from dressage.proxy.workers import store_layout_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -174,6 +179,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        manager.limits.scan()  # the longest token, off the loop, before calls need it
         vocabulary = manager.vocabulary
         await vocabulary.first_look()
         watching = None
@@ -217,7 +223,11 @@ def create_app(
     _add_sessions(app, manager, auth, config)
     _add_rollout_control(app, pause, auth, config)
     add_chat_to_openapi(app)
-    if config.access_log:
+    if config.client_refusal_rate > 0:
+        app.add_middleware(
+            RefusalThrottle, rate=config.client_refusal_rate, burst=config.client_refusal_burst
+        )
+    if config.access_log:  # outside the throttle: its 429s are logged too
         app.add_middleware(AccessLog)
     return app
 
@@ -374,20 +384,30 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 50, 100)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``dressage-proxy`` (see the module docstring)."""
+def main(argv: Sequence[str] | None = None, *, worker_index: int | None = None) -> int:
+    """Entry point of ``dressage-proxy`` (see the module docstring); ``worker_index``: this
+    process is that worker of a ``--workers N`` front (:mod:`~dressage.proxy.workers`)."""
     import uvicorn
 
+    flags = list(sys.argv[1:] if argv is None else argv)
     try:
-        config, log_level = config_from_argv(sys.argv[1:] if argv is None else argv)
+        config, log_level = config_from_argv(flags)
     except ProxyConfigError as exc:
         print(f"dressage-proxy: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    if config.access_log:  # on by default, whatever --log-level says of the rest
+    if config.access_log:  # --access-log: at INFO, whatever --log-level says of the rest
         logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
     ready_log = logging.getLogger(READY_LOGGER)
     ready_log.setLevel(logging.INFO)  # said whatever --log-level says of the rest
+    if config.workers > 1:
+        from dressage.proxy.front import serve_front
+
+        return serve_front(config, flags, ready_log)
+    if worker_index is None and (refusal := store_layout_error(config.store_dir, 1)):
+        print(f"dressage-proxy: {refusal}", file=sys.stderr)
+        return 2
+    what = "proxy" if worker_index is None else f"proxy worker {worker_index}"
     refusals: list[str] = []
 
     def refuse(sentence: str) -> None:  # the engine serves another vocabulary: stop, say why
@@ -410,9 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not self.should_exit:  # the socket listens: /health answers now
                 print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
                 ready_log.info(
-                    "dressage proxy ready at http://%s:%d, in front of the engine at %s "
+                    "dressage %s ready at http://%s:%d, in front of the engine at %s "
                     "(store %s)",
-                    host, port, config.engine_url_clean, config.store_dir,
+                    what, host, port, config.engine_url_clean, config.store_dir,
                 )  # fmt: skip
 
     server = _Server(uvicorn_config(app, log_level=log_level))

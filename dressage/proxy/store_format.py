@@ -24,6 +24,8 @@ import re
 import zlib
 from typing import Any
 
+from dressage.http_json import dumps, loads
+
 __all__ = [
     "FORMAT_FIELDS",
     "Identity",
@@ -75,7 +77,7 @@ def encode(record: dict[str, Any], prev: Identity | None) -> bytes:
     rest = {k: v for k, v in record.items() if k not in head}
     ordered = {**head, "id_crc": _id_crc(ident), "prev": list(prev) if prev else None, **rest}
     ordered["identity"] = list(ident)
-    payload = json.dumps(ordered, ensure_ascii=False, separators=(",", ":")).encode()
+    payload = dumps(ordered)
     return b"%08x " % zlib.crc32(payload) + payload + b"\n"
 
 
@@ -88,7 +90,7 @@ def decode(line: bytes) -> dict[str, Any] | None:
     try:
         if int(line[:8], 16) != zlib.crc32(payload):
             return None
-        record = json.loads(payload)
+        record = loads(payload)
     except ValueError:
         return None
     return record if isinstance(record, dict) else None

@@ -78,13 +78,18 @@ def _partial_suffix(text: str, markers: Sequence[str]) -> int:
     """Length of the longest tail of ``text`` that is a marker or the start of one."""
     best = 0
     for marker in markers:
+        if not marker:
+            continue
         if text.endswith(marker):
             best = max(best, len(marker))
             continue
-        for k in range(min(len(marker) - 1, len(text)), best, -1):
-            if marker.startswith(text[-k:]):
-                best = k
+        # a tail that starts the marker starts with its first character: look only there
+        i = text.find(marker[0], max(0, len(text) - len(marker) + 1))
+        while i >= 0 and len(text) - i > best:
+            if marker.startswith(text[i:]):
+                best = len(text) - i
                 break
+            i = text.find(marker[0], i + 1)
     return best
 
 

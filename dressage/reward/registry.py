@@ -21,8 +21,9 @@ import importlib
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from dressage.config.env import env_str
 from dressage.config.mopd import load_mopd_config
+from dressage.config.mopd_path import mopd_config_path
+from dressage.slime.mopd_args import mopd_args
 from dressage.slime.sample_meta import TASK, describe
 from dressage.types import Sample
 
@@ -106,7 +107,7 @@ def reward_modules(args: Any) -> tuple[str, ...]:
     """The run's reward modules: ``args.reward_modules``, else the MOPD config's."""
     value = getattr(args, "reward_modules", None)
     if value is None:
-        config = getattr(args, "mopd_config", None) or env_str("DRESSAGE_MOPD_TEACHER_CONFIG")
+        config = mopd_config_path(mopd_args(args).mopd_config, given_as="args.mopd_config")
         value = load_mopd_config(config).reward_modules if config else []
     if isinstance(value, str):
         value = value.split(",")

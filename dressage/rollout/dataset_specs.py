@@ -31,8 +31,8 @@ from typing import Any
 
 from pydantic import ValidationError, model_validator
 
-from dressage.config.env import env_str
 from dressage.config.mopd import DatasetOptions, load_mopd_config
+from dressage.config.mopd_path import mopd_config_path
 from dressage.slime.rollout_args import rollout_args
 
 __all__ = ["AGENT_MODES", "PromptDataset", "dataset_specs", "read_rows"]
@@ -92,7 +92,7 @@ def dataset_specs(args: Any) -> list[PromptDataset]:
     if inline:
         entries = json.loads(inline) if isinstance(inline, str) else inline
         return _parse(entries, "args.dressage_datasets")
-    config_path = view.mopd_config or env_str("DRESSAGE_MOPD_TEACHER_CONFIG")
+    config_path = mopd_config_path(view.mopd_config, given_as="args.mopd_config")
     if config_path:
         config = load_mopd_config(config_path)  # raises MopdConfigError naming every problem
         entries = [d.model_dump() for d in config.datasets]

@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dressage.config.env import env_str
+from dressage.config.proxy_access import ProxyAccessSettings
 from dressage.rollout.filters import filter_verdict
 from dressage.rollout.group_generation import (
     GroupResult,
@@ -151,13 +151,12 @@ def _version_source(args: Any) -> Callable[[], int | None]:
     if path:
         fn: Callable[[], int | None] = load_function(path)
         return fn
-    url = view.dressage_proxy_url or env_str("DRESSAGE_PROXY_URL")
-    if not url:
+    access = ProxyAccessSettings.from_args(args)
+    if not access.proxy_url:
         return lambda: None
     from dressage.proxy.client import SyncProxyClient
 
-    key = view.dressage_proxy_admin_key or env_str("DRESSAGE_PROXY_ADMIN_KEY")
-    client = SyncProxyClient(url, admin_key=key, timeout=30.0)
+    client = SyncProxyClient(access.proxy_url, admin_key=access.admin_key, timeout=30.0)
 
     def from_proxy() -> int | None:
         version = client.pause_state().get("weight_version")

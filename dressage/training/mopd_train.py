@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dressage.config.env import env_str
 from dressage.config.job import DEFAULT_MOPD_OBJECTIVE, DEFAULT_MOPD_TOPK, MOPD_OBJECTIVES
 from dressage.config.mopd import (
     MOPD_HOOKS,
@@ -45,6 +44,8 @@ from dressage.config.mopd import (
     slime_objective_problems,
     validate_mopd_run,
 )
+from dressage.config.mopd_path import MOPD_CONFIG_ENV, mopd_config_path
+from dressage.config.proxy_access import ProxyAccessSettings
 from dressage.slime.args import add_dressage_arguments
 from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
@@ -57,6 +58,7 @@ __all__ = [
     "MOPD_FLAG_DEFAULTS",
     "add_mopd_arguments",
     "check_config_and_checkpoints",
+    "layer_mopd_arguments",
     "main",
     "with_mopd_defaults",
 ]
@@ -94,8 +96,8 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     group = parser.add_argument_group("MOPD (dressage)")
     group.add_argument(
         "--mopd-config",
-        default=env_str("DRESSAGE_MOPD_TEACHER_CONFIG"),
-        help="MOPD JSON (teachers, datasets); default $DRESSAGE_MOPD_TEACHER_CONFIG",
+        default=None,
+        help=f"MOPD JSON (teachers, datasets); default ${MOPD_CONFIG_ENV}",
     )
     group.add_argument(
         "--mopd-advantage-clip",
@@ -129,9 +131,9 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     group.add_argument(
         "--dressage-proxy-url",
-        default=env_str("DRESSAGE_PROXY_URL"),
+        default=None,
         help="the recording proxy the black-box rollout runs agents against "
-        "(default $DRESSAGE_PROXY_URL)",
+        f"(default ${ProxyAccessSettings.ENV['proxy_url']})",
     )
     group.add_argument(
         "--mopd-metrics-dir",
@@ -149,6 +151,15 @@ def _unit_interval(text: str) -> float:
     return value
 
 
+def layer_mopd_arguments(args: Any) -> None:
+    """The flags that have a variable, layered after parsing: the flag over the variable
+    (:mod:`dressage.config.layered`; the parser's defaults are None)."""
+    args.mopd_config = mopd_config_path(args.mopd_config, given_as="--mopd-config")
+    given = {"proxy_url": args.dressage_proxy_url}
+    access = ProxyAccessSettings.layered(given, given_as={"proxy_url": "--dressage-proxy-url"})
+    args.dressage_proxy_url = access.proxy_url
+
+
 def parse_mopd_args(argv: Sequence[str] | None = None) -> Any:
     """slime's parser over ``argv`` plus the MOPD defaults; the estimator is labelled ``mopd``."""
     from slime.utils.arguments import parse_args
@@ -156,6 +167,7 @@ def parse_mopd_args(argv: Sequence[str] | None = None) -> Any:
     # Megatron's parser reads sys.argv itself.
     sys.argv = [sys.argv[0], *with_mopd_defaults(sys.argv[1:] if argv is None else argv)]
     args = parse_args(add_custom_arguments=add_mopd_arguments)
+    layer_mopd_arguments(args)
     apply_continue_from(args)
     args.advantage_estimator = "mopd"
     if args.mopd_metrics_dir is None:

@@ -98,3 +98,12 @@ def test_the_new_variable_wins_over_the_old_one_without_a_warning(
         config, _ = config_from_argv([])
     assert config.served_model_name == "new-name"
     assert not [r for r in caplog.records if "deprecated" in r.getMessage()]
+
+
+def test_the_worker_count_comes_from_its_flag_or_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dressage.config.proxy import config_from_argv
+
+    assert config_from_argv([])[0].workers == 1
+    monkeypatch.setenv("DRESSAGE_PROXY_WORKERS", "4")
+    assert config_from_argv([])[0].workers == 4
+    assert config_from_argv(["--workers", "2"])[0].workers == 2

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dressage.config.job import ClusterOptions, JobOptions
-from dressage.config.run import ENV_FIELDS, MopdRunConfig, TrainRunConfig
+from dressage.config.run import MopdRunConfig, MopdRunSettings, TrainRunConfig
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
@@ -29,7 +29,7 @@ def test_every_launcher_flag_and_variable_is_in_the_table() -> None:
             assert "after `--`" in TABLE
         elif name not in NOT_SETTINGS:
             assert f"`--{name.replace('_', '-')}" in TABLE, name
-    for variable in ENV_FIELDS:
+    for variable in MopdRunSettings.ENV.values():
         assert f"`{variable}`" in TABLE, variable
 
 

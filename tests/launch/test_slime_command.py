@@ -18,7 +18,7 @@ from dressage.config.mopd import (
     MopdConfigError,
     load_mopd_config,
 )
-from dressage.config.run import MopdRunConfig
+from dressage.config.run import MopdRunConfig, MopdRunSettings
 from dressage.launch.slime_command import (
     build_mopd_command,
     build_mopd_job,
@@ -258,7 +258,9 @@ def test_runtime_env_keys_are_forwarded_not_printed(tmp_path: Path) -> None:
 # -- run settings from the environment, the CLI and the shell launcher ------------------------
 
 
-def test_run_config_from_launcher_variables(tmp_path: Path) -> None:
+def test_run_config_from_launcher_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = {
         "DRESSAGE_MOPD_TEACHER_CONFIG": EMBEDDED,
         "OUTPUT_DIR": str(tmp_path),
@@ -272,7 +274,13 @@ def test_run_config_from_launcher_variables(tmp_path: Path) -> None:
         "SEED": "3",
         "ROLLOUT_SEED": "4",
     }
-    run = MopdRunConfig.from_env(env, tp_size=2)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NUM_GPUS", "")  # empty: unset, the field's default
+    run = MopdRunSettings.layered({"tp_size": 2}, given_as={"tp_size": "--tp-size"})
+    assert (
+        run.actor_num_gpus_per_node == MopdRunConfig.model_fields["actor_num_gpus_per_node"].default
+    )
     assert (run.tp_size, run.cp_size, run.rollout_batch_size, run.global_batch_size) == (
         2,
         2,

@@ -1,5 +1,5 @@
 """The access log: one line per request with method, route, session, status, milliseconds and,
-on a 4xx, the refused field; never message content nor a key; on unless ``--no-access-log``."""
+on a 4xx, the refused field; never message content nor a key; on with ``--access-log``."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def test_one_line_per_request_with_the_refused_field_and_nothing_secret(
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     auth = {"Authorization": f"Bearer {KEY}"}
     body = {"model": "m", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 8}
-    with scripted_proxy(script(ANSWER), tmp_path, qwen35_tito, api_key=KEY) as (url, _):
+    proxy = scripted_proxy(script(ANSWER), tmp_path, qwen35_tito, api_key=KEY, access_log=True)
+    with proxy as (url, _):
         ok = httpx.post(f"{url}/sessions/s-1/v1/chat/completions", json=body, headers=auth)
         bad = httpx.post(
             f"{url}/v1/chat/completions",
@@ -93,6 +94,7 @@ def test_no_access_log_writes_no_line(
     assert _lines(caplog) == []
 
 
-def test_the_access_log_is_on_by_default_and_a_flag_turns_it_off() -> None:
-    assert config_from_argv([])[0].access_log is True
+def test_the_access_log_is_off_by_default_and_a_flag_turns_it_on() -> None:
+    assert config_from_argv([])[0].access_log is False
+    assert config_from_argv(["--access-log"])[0].access_log is True
     assert config_from_argv(["--no-access-log"])[0].access_log is False

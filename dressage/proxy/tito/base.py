@@ -9,9 +9,11 @@ prefix-checking mode (:mod:`~dressage.proxy.tito.generic`) and the snapshot base
 
 from __future__ import annotations
 
+import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dressage.proxy.parsers import ParsedOutput, parse_assistant_output
 from dressage.proxy.tito.history import AppendOk, check_append
@@ -26,20 +28,88 @@ from dressage.proxy.tito.state import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["Encoder", "TITOTokenizer", "make_encoder", "retry_pending", "single_token_id"]
+__all__ = [
+    "Encoder",
+    "SwitchingEncoder",
+    "TITOTokenizer",
+    "make_decoder",
+    "make_encoder",
+    "retry_pending",
+    "single_token_id",
+]
 
 Encoder = Callable[[str], list[int]]
+log = logging.getLogger(__name__)
 
 
 def make_encoder(tokenizer: PreTrainedTokenizerBase) -> Encoder:
-    """``tokenizer.encode(text, add_special_tokens=False)``, through the Rust backend when there is
-    one (same ids, without transformers' per-call Python overhead)."""
+    """``tokenizer.encode(text, add_special_tokens=False)``: through tiktoken when the tokenizer is
+    one it reproduces (:mod:`~dressage.proxy.tito.tiktoken_encode`), else through the Rust
+    backend when there is one (same ids, without transformers' per-call Python overhead)."""
     from tokenizers import Tokenizer
 
+    from dressage.proxy.tito.tiktoken_encode import known_tiktoken_encoder
+
+    known, fast = known_tiktoken_encoder(tokenizer)
+    if fast is not None:
+        return cast(Encoder, fast)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
-        return lambda text: backend.encode(text, add_special_tokens=False).ids
-    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+        slow: Encoder = lambda text: backend.encode(text, add_special_tokens=False).ids  # noqa: E731
+    else:
+        slow = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    return slow if known else SwitchingEncoder(tokenizer, slow)
+
+
+class SwitchingEncoder:
+    """The backend's encoder until tiktoken's is built for the tokenizer (a few seconds, in a
+    thread, so that nothing waits for it at start), then tiktoken's: both give the same ids
+    (:mod:`~dressage.proxy.tito.tiktoken_encode`), so a call may take either."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, slow: Encoder) -> None:
+        self.encode: Encoder = slow
+        self.built = threading.Event()
+        threading.Thread(
+            target=self._build, args=(tokenizer,), name="tiktoken-encoder", daemon=True
+        ).start()
+
+    def _build(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        from dressage.proxy.tito.tiktoken_encode import tiktoken_encoder
+
+        try:
+            fast = tiktoken_encoder(tokenizer)
+            if fast is not None:
+                self.encode = fast
+        except Exception:  # the backend's encoder stays: same ids, slower
+            log.exception("building the tiktoken encoder failed; the backend's encoder stays")
+        finally:
+            self.built.set()
+
+    def __call__(self, text: str) -> list[int]:
+        return self.encode(text)
+
+
+def make_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
+    """``tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)``,
+    through the Rust backend when the tokenizer is transformers' plain fast tokenizer (its
+    ``decode`` then calls exactly that, after per-call Python overhead); a tokenizer class that
+    overrides decoding keeps its own."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    cls = type(tokenizer)
+    if (
+        isinstance(backend, Tokenizer)
+        and isinstance(tokenizer, TokenizersBackend)
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls._decode is TokenizersBackend._decode
+    ):
+        return lambda ids: str(backend.decode(ids, skip_special_tokens=False))
+    return lambda ids: str(
+        tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    )
 
 
 def single_token_id(encode: Encoder, token: str, family: str) -> int:
@@ -64,6 +134,7 @@ class TITOTokenizer(ABC):
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.encode: Encoder = make_encoder(tokenizer)
+        self._decode = make_decoder(tokenizer)
 
     @abstractmethod
     def start(
@@ -176,11 +247,7 @@ class TITOTokenizer(ABC):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept (what a parser reads)."""
-        return str(
-            self.tokenizer.decode(
-                list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-        )
+        return self._decode(list(ids))
 
     def parse_output(self, state: TITOState, output_ids: Sequence[int]) -> ParsedOutput:
         """The assistant message for ``output_ids`` sampled after ``state``'s generation prompt."""
