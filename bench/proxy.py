@@ -407,7 +407,11 @@ def _run_role(args: argparse.Namespace) -> int:
         from uvloop import run
     except ImportError:
         run = asyncio.run
-    print(json.dumps(run(fn(args))), flush=True)
+    result = run(fn(args))
+    # stdout can come out of a uvloop run non-blocking; a line longer than the pipe's 64 KiB
+    # (the load's --trace) is then cut there with no error: a CI run lost its trace that way
+    os.set_blocking(sys.stdout.fileno(), True)
+    print(json.dumps(result), flush=True)
     return 0
 
 

@@ -28,7 +28,7 @@ from dressage.proxy.front_combine import combine
 from dressage.proxy.front_http import BadRequest, parse_request
 from dressage.proxy.server import READY_PREFIX
 from dressage.proxy.workers import store_layout_error, worker_of
-from tests.helpers import REPO
+from tests.helpers import REPO, stop
 
 ADMIN = "front-admin-key"
 AUTH = {"authorization": f"Bearer {ADMIN}"}
@@ -94,16 +94,6 @@ def _ready(proc: subprocess.Popen[str], prefix: str) -> str:
     raise AssertionError(f"{proc.args!r} exited with {proc.wait(30)} before it was ready")
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def scripted_engine(
     tmp_path_factory: pytest.TempPathFactory, qwen35_tokenizer: Any
@@ -116,7 +106,7 @@ def scripted_engine(
     try:
         yield _ready(proc, "SCRIPTED_ENGINE_URL=")
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 class Front:
@@ -149,7 +139,7 @@ def front(scripted_engine: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         yield Front(proc, _ready(proc, READY_PREFIX), store, stderr)
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _log_of(front: Front, worker: int) -> str:
@@ -376,4 +366,4 @@ def test_sigint_stops_the_front_and_every_worker(scripted_engine: str, tmp_path:
         assert proc.wait(60) == 0
         assert not any(_alive(pid) for pid in pids)
     finally:
-        _stop(proc)
+        stop(proc)
