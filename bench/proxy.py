@@ -454,7 +454,24 @@ def proxy_process(
         argv += ["--workers", str(workers)]
     if fsync:
         argv.append("--store-fsync")
-    return spawn(core, argv, "DRESSAGE_PROXY_URL=", tree=tree)
+    proc, url = spawn(core, argv, "DRESSAGE_PROXY_URL=", tree=tree)
+    wait_idle(proc.pid)
+    return proc, url
+
+
+def wait_idle(pid: int, *, timeout: float = 60.0) -> None:
+    """Wait until ``pid`` and its children use under 2% of a core over two half seconds in a
+    row: a proxy that is ready may still build its tokenizer's tiktoken encoder and scan its
+    vocabulary in threads (seconds of CPU), which a measurement must not count as its calls'."""
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while time.monotonic() < deadline:
+        cpu = _cpu_s(pid) + _children_cpu_s(pid)
+        time.sleep(0.5)
+        quiet = quiet + 1 if _cpu_s(pid) + _children_cpu_s(pid) - cpu < 0.01 else 0
+        if quiet == 2:
+            return
+    raise RuntimeError(f"process {pid} was still busy {timeout:.0f} s after it was ready")
 
 
 def role_argv(role: str, *extra: str) -> list[str]:

@@ -141,6 +141,15 @@ def test_a_torn_stack_of_library_frames_only_is_unattributed() -> None:
     assert pp.category([pp.parse_frame(f"Event.wait ({PY}/asyncio/locks.py:213)")]) == pp.OTHER
 
 
+def test_an_idle_pool_worker_is_not_a_sample() -> None:
+    pool = f"{PY}/concurrent/futures/thread.py"
+    worker = [f"Thread._bootstrap ({PY}/threading.py:1002)", f"_worker ({pool}:81)"]
+    assert pp.waiting(_stack(*worker))
+    busy = [*worker, f"_WorkItem.run ({pool}:58)", f"longest_token ({REPO}/dressage/a.py:9)"]
+    assert not pp.waiting(_stack(*busy))
+    assert not pp.waiting(_stack(f"_worker ({REPO}/dressage/proxy/other.py:3)"))
+
+
 def test_json_is_also_told_by_whose_it_was() -> None:
     stack = _stack(
         *CHAT,
