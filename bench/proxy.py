@@ -69,6 +69,9 @@ IDLE_SESSIONS = 1000
 STREAM_SESSIONS = 16
 STREAM_SECONDS = 4.0
 STREAM_CHUNK_TARGET_US = 20.0
+STREAM_INTERVAL_MS = 2.0
+"""The streaming engine's time between two chunks (SGLang's decode step at a few hundred tokens a
+second per request)."""
 RSS_SESSIONS = 256
 RSS_SECONDS = 20.0
 RSS_JUDGED_SECONDS = 120.0
@@ -551,11 +554,18 @@ def _memory(engine_url: str, tmp: Path, output_file: str) -> dict[str, float]:
 
 
 def _streaming(
-    engine_url: str, tmp: Path, common: list[str], chunks: int, seconds: float
+    output_file: str, tmp: Path, common: list[str], chunks: int, seconds: float
 ) -> dict[str, Any]:
     """CPU per call of one proxy, whole and streamed, alternating (whole, streamed, whole,
     streamed) so that a drift of the machine falls on both; ``chunks``: the engine's chunks per
-    streamed answer."""
+    streamed answer. The engine here streams as SGLang does: chunked, one token's event a chunk,
+    :data:`STREAM_INTERVAL_MS` apart, so that each chunk reaches the proxy on its own (sent all
+    at once, a whole answer's events would arrive in one read)."""
+    engine, engine_url = spawn(
+        1, ["-m", "dressage.proxy.testing", "--output-file", output_file,
+            "--stream-interval-ms", str(STREAM_INTERVAL_MS)], "SCRIPTED_ENGINE_URL=",
+    )  # fmt: skip
+    common = [*common, "--engine", engine_url]
     proxy, url = proxy_process(engine_url, str(tmp / "store-stream"))
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     try:
@@ -568,6 +578,7 @@ def _streaming(
             runs[stream].append(r)
     finally:
         stop_process(proxy)
+        stop_process(engine)
     whole = statistics.fmean(r["cpu_us_per_call"] for r in runs[False])
     streamed = statistics.fmean(r["cpu_us_per_call"] for r in runs[True])
     per_chunk = (streamed - whole) / chunks
@@ -865,8 +876,8 @@ def main(args: argparse.Namespace) -> int:
         if "throughput" in parts:
             results = _throughput(engine_url, tmp, common)
         if "stream" in parts:
-            # the scripted engine streams one chunk per output token (the last with the finish)
-            stream = _streaming(engine_url, tmp, common, len(output_ids), args.stream_seconds)
+            # one chunk per output token (the last with the finish), from a paced engine
+            stream = _streaming(output_file, tmp, common, len(output_ids), args.stream_seconds)
         if "idle" in parts:
             memory = _memory(engine_url, tmp, output_file)
         if "rss" in parts:

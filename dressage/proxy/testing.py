@@ -88,6 +88,9 @@ class ScriptedEngine:
     logprob: float = -0.25
     record: bool = True
     context_length: int | None = None
+    stream_interval_s: float | None = None
+    """None: a streamed answer is one write (every event at once); a number: chunked, one HTTP
+    chunk per event, this many seconds apart, as SGLang sends a token at each decode step."""
     seen: list[_Seen] = field(default_factory=list)
     url: str = ""
     held: threading.Event = field(default_factory=threading.Event)
@@ -216,6 +219,9 @@ class ScriptedEngine:
                     await self._hold(json.loads(raw), reply, writer)
                     return
                 status, payload, kind = self.handle(method, route, headers, raw, reply)
+                if kind == "text/event-stream" and self.stream_interval_s is not None:
+                    await self._paced(payload, writer)
+                    continue
                 writer.write(
                     b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
                     % (status, kind.encode(), len(payload))
@@ -224,6 +230,18 @@ class ScriptedEngine:
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    async def _paced(self, events: bytes, writer: asyncio.StreamWriter) -> None:
+        """A streamed answer as SGLang sends it: chunked, an event a chunk, paced."""
+        assert self.stream_interval_s is not None
+        writer.write(b"HTTP/1.1 200 X\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
+        for k, event in enumerate(events.split(b"\n\n")[:-1]):
+            if k:
+                await asyncio.sleep(self.stream_interval_s)
+            writer.write(b"%x\r\n%s\n\n\r\n" % (len(event) + 2, event))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
 
     def _script_generate(self, route: str, raw: bytes) -> EngineReply | None:
         """The script's reply to a ``/generate`` body (None for anything else)."""
@@ -341,10 +359,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--output-file", required=True, help="JSON list of output ids")
+    p.add_argument("--stream-interval-ms", type=float, default=None,
+                   help="send streamed answers chunked, an event this many ms apart "
+                        "(default: every event in one write)")  # fmt: skip
     args = p.parse_args(argv)
     with open(args.output_file) as f:
         ids = [int(i) for i in json.load(f)]
-    engine = ScriptedEngine(lambda body: EngineReply(ids), record=False)
+    interval = None if args.stream_interval_ms is None else args.stream_interval_ms / 1000
+    engine = ScriptedEngine(lambda body: EngineReply(ids), record=False,
+                            stream_interval_s=interval)  # fmt: skip
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))

@@ -144,6 +144,25 @@ def test_streams_cumulative_or_incremental_give_the_same_tokens(incremental: boo
     assert [o.finish for o in outs] == [None, None, done]
 
 
+@pytest.mark.parametrize("interval", [None, 0.002])
+def test_a_stream_sent_at_once_or_chunked_and_paced_gives_each_token_once(
+    interval: float | None,
+) -> None:
+    ids = [11, 12, 13, 14, 15]
+    with _engine(EngineReply(ids), stream_interval_s=interval) as engine:
+        client = EngineClient(engine.url)
+
+        async def collect() -> list[Any]:
+            stream = client.generate_stream(PromptIds.of([1, 2]), {}, rid="r-1")
+            return [out async for out in stream]
+
+        outs = _run(_with(client, collect()))
+    assert [i for out in outs for i in out.output_ids] == ids
+    assert outs[-1].finish == {"type": "stop", "matched": 15}
+    if interval is not None:  # each token's event came alone
+        assert [out.output_ids for out in outs] == [[i] for i in ids]
+
+
 def test_a_stream_error_event_is_an_error() -> None:
     async def lines() -> AsyncIterator[bytes]:
         yield b'data: {"error": {"message": "bad input", "code": 400}}'
