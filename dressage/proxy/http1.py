@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -55,7 +55,14 @@ class _Conn:
 
 
 class StreamedResponse:
-    """A response whose body is read as it arrives (``lines()``); close it by leaving the block."""
+    """A response whose body is read as it arrives (``lines()``); close it by leaving the block.
+
+    Each arrival of bytes is one read, however many ``chunked`` chunks it holds: the chunk
+    framing is decoded from a buffer, not with a read per size line and per chunk. ``timeout``
+    bounds the wait for more of the body: a watchdog timer, not a timeout per read, aborts the
+    connection once no byte came for that long (the read then fails as a
+    :class:`ProtocolFailure` that says so).
+    """
 
     def __init__(
         self, status: int, headers: dict[str, str], conn: _Conn, timeout: float | None = None
@@ -68,39 +75,112 @@ class StreamedResponse:
         length = headers.get("content-length")
         self._remaining = int(length) if length is not None and not self._chunked else -1
         self.complete = False
+        self._arrived = 0.0
+        self._timed_out = False
+        self._watchdog: asyncio.TimerHandle | None = None
 
-    async def _read(self, read: Awaitable[bytes]) -> bytes:
-        """One read, bounded by the idle timeout (a stream may pause; it may not hang)."""
+    async def _read(self) -> bytes:
         try:
-            async with asyncio.timeout(self._timeout):
-                return await read
-        except TimeoutError:
-            raise ProtocolFailure(f"no data for {self._timeout} s") from None
+            data = await self._conn.reader.read(65536)
+        except (ConnectionError, OSError):
+            if self._timed_out:
+                raise ProtocolFailure(f"no data for {self._timeout} s") from None
+            raise
+        if self._timed_out:
+            raise ProtocolFailure(f"no data for {self._timeout} s")
+        self._arrived = asyncio.get_running_loop().time()
+        return data
+
+    def _watch(self) -> None:
+        """Start the idle watchdog (none without a timeout): it aborts the connection once no
+        byte came for ``timeout`` seconds, and else looks again when that would be so."""
+        if self._timeout is None:
+            return
+        loop = asyncio.get_running_loop()
+        timeout = self._timeout
+
+        def check() -> None:
+            idle_until = self._arrived + timeout
+            if loop.time() >= idle_until:
+                self._timed_out = True
+                self._conn.writer.transport.abort()
+            else:
+                self._watchdog = loop.call_at(idle_until, check)
+
+        self._arrived = loop.time()
+        self._watchdog = loop.call_at(self._arrived + timeout, check)
 
     async def _pieces(self) -> AsyncIterator[bytes]:
-        reader = self._conn.reader
-        if self._chunked:
+        self._watch()
+        try:
+            if self._chunked:
+                async for piece in self._dechunked():
+                    yield piece
+            elif self._remaining >= 0:
+                while self._remaining > 0:
+                    data = await self._read()
+                    if not data:
+                        raise ProtocolFailure("the engine closed the connection mid-body")
+                    if len(data) > self._remaining:
+                        raise ProtocolFailure("the engine sent more than its content-length")
+                    self._remaining -= len(data)
+                    yield data
+            else:  # no length: the body runs until the server closes the connection
+                while data := await self._read():
+                    yield data
+            self.complete = True
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+
+    async def _dechunked(self) -> AsyncIterator[bytes]:
+        """The data of a ``chunked`` body, every complete chunk of each arrival joined."""
+        buffer = b""
+        at = 0  # where the next size line starts
+        while True:
+            data = await self._read()
+            if not data:
+                raise ProtocolFailure("the engine closed a chunked body mid-stream")
+            buffer = buffer[at:] + data if at else buffer + data
+            at = 0
+            pieces: list[bytes] = []
             while True:
-                size_line = await self._read(reader.readline())
-                if not size_line.endswith(b"\n"):
-                    raise ProtocolFailure("the engine closed a chunked body mid-stream")
-                size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    await _read_trailers(reader)
+                end = buffer.find(b"\n", at)
+                if end < 0:
                     break
-                data = await self._read(reader.readexactly(size + 2))
-                yield data[:-2]
-        elif self._remaining >= 0:
-            while self._remaining > 0:
-                data = await self._read(reader.read(min(self._remaining, 65536)))
-                if not data:
-                    raise ProtocolFailure("the engine closed the connection mid-body")
-                self._remaining -= len(data)
-                yield data
-        else:  # no length: the body runs until the server closes the connection
-            while data := await self._read(reader.read(65536)):
-                yield data
-        self.complete = True
+                try:
+                    size = int(buffer[at:end].split(b";", 1)[0].strip() or b"0", 16)
+                except ValueError:
+                    raise ProtocolFailure(f"bad chunk size line {buffer[at:end][:40]!r}") from None
+                if size == 0:  # the last chunk: then trailers, up to an empty line
+                    rest = buffer[end + 1 :]
+                    if pieces:
+                        yield b"".join(pieces)
+                    await self._trailers(rest)
+                    return
+                if len(buffer) < end + 1 + size + 2:
+                    break  # the chunk is not all here yet
+                pieces.append(buffer[end + 1 : end + 1 + size])
+                at = end + 1 + size + 2
+            if pieces:
+                yield b"".join(pieces)
+
+    async def _trailers(self, rest: bytes) -> None:
+        """Read past the trailers (``rest`` is what came after the last chunk's size line)."""
+        while True:
+            if rest.startswith((b"\r\n", b"\n")):
+                if rest.lstrip(b"\r\n"):
+                    raise ProtocolFailure("the engine sent bytes after the chunked body")
+                return
+            for end_mark in (b"\r\n\r\n", b"\n\n"):
+                if end_mark in rest:
+                    if rest.split(end_mark, 1)[1]:
+                        raise ProtocolFailure("the engine sent bytes after the chunked body")
+                    return
+            data = await self._read()
+            if not data:
+                return
+            rest += data
 
     async def lines(self) -> AsyncIterator[bytes]:
         """Body lines without their ``\\n`` (and ``\\r``); a last unterminated line is yielded."""
@@ -115,13 +195,6 @@ class StreamedResponse:
 
     async def read(self) -> bytes:
         return b"".join([piece async for piece in self._pieces()])
-
-
-async def _read_trailers(reader: asyncio.StreamReader) -> None:
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            return
 
 
 class HTTP1Pool:
