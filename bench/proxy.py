@@ -22,6 +22,7 @@ curve, the heap still filling).
     python bench/proxy.py --parts rss --rss-seconds 600 --rss-interval 5   # the 10-minute run
     python bench/proxy.py --parts workers   # 256 sessions through 1, 2, 4 proxy processes
     python bench/proxy.py --parts cpu_ab --before 3d852fc   # CPU per call against a commit
+    python bench/proxy.py --parts stream --before e5805dd   # streaming, and that commit's
 
 CPU per call against another commit (``--parts cpu_ab --before REF``, about 4 minutes): that
 commit's proxy (``git archive`` into a temporary folder, run with this interpreter) and this one,
@@ -554,7 +555,13 @@ def _memory(engine_url: str, tmp: Path, output_file: str) -> dict[str, float]:
 
 
 def _streaming(
-    output_file: str, tmp: Path, common: list[str], chunks: int, seconds: float
+    output_file: str,
+    tmp: Path,
+    common: list[str],
+    chunks: int,
+    seconds: float,
+    *,
+    tree: Path = REPO,
 ) -> dict[str, Any]:
     """CPU per call of one proxy, whole and streamed, alternating (whole, streamed, whole,
     streamed) so that a drift of the machine falls on both; ``chunks``: the engine's chunks per
@@ -566,7 +573,7 @@ def _streaming(
             "--stream-interval-ms", str(STREAM_INTERVAL_MS)], "SCRIPTED_ENGINE_URL=",
     )  # fmt: skip
     common = [*common, "--engine", engine_url]
-    proxy, url = proxy_process(engine_url, str(tmp / "store-stream"))
+    proxy, url = proxy_process(engine_url, str(tmp / f"store-stream-{tree.name}"), tree=tree)
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     try:
         for k, stream in enumerate((False, True, False, True)):
@@ -878,6 +885,14 @@ def main(args: argparse.Namespace) -> int:
         if "stream" in parts:
             # one chunk per output token (the last with the finish), from a paced engine
             stream = _streaming(output_file, tmp, common, len(output_ids), args.stream_seconds)
+            if args.before:  # the same measure of --before's proxy, in the same run
+                tree = checkout(args.before, tmp)
+                before = _streaming(output_file, tmp, common, len(output_ids),
+                                    args.stream_seconds, tree=tree)  # fmt: skip
+                stream["stream_before"] = args.before
+                for key in ("whole_cpu_us_per_call", "stream_cpu_us_per_call",
+                            "stream_added_cpu_us_per_chunk"):  # fmt: skip
+                    stream[f"before_{key}"] = before[key]
         if "idle" in parts:
             memory = _memory(engine_url, tmp, output_file)
         if "rss" in parts:
@@ -904,6 +919,13 @@ def main(args: argparse.Namespace) -> int:
             f"{stream['stream_added_cpu_us_per_chunk']:.1f} us added per chunk "
             f"(target <= {STREAM_CHUNK_TARGET_US:.0f})"
         )
+        if "stream_before" in stream:
+            print(
+                f"  --before {stream['stream_before']}: "
+                f"{stream['before_stream_cpu_us_per_call']:.0f} us per streamed call vs "
+                f"{stream['before_whole_cpu_us_per_call']:.0f} whole: "
+                f"{stream['before_stream_added_cpu_us_per_chunk']:.1f} us added per chunk"
+            )
         if not summary:
             whole, ours = stream["whole_cpu_us_per_call"], stream["stream_cpu_us_per_call"]
             summary.update({
