@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+import orjson
 
 from dressage.http_json import dumps, loads_engine
 from dressage.proxy.engine_answers import (
@@ -77,7 +78,14 @@ class PromptIds:
 
     @staticmethod
     def encode_ids(ids: Sequence[int]) -> bytes:
-        return "".join([f"{i}," for i in ids]).encode() if ids else b""
+        if not ids:
+            return b""
+        if type(ids) is list:
+            try:  # orjson writes a list of ints 10x faster than joining their text
+                return orjson.dumps(ids)[1:-1] + b","
+            except TypeError:  # an int past 64 bits: written as Python writes it
+                pass
+        return "".join([f"{int(i)}," for i in ids]).encode()
 
     @classmethod
     def of(cls, ids: Sequence[int]) -> PromptIds:

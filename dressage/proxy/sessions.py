@@ -201,8 +201,9 @@ class SessionManager(SessionRegistry):
         if extra:
             stops = [*stops, *(t for t in extra if t not in stops)]
         sampling = {**request.sampling, "stop_token_ids": stops}
-        vocab = len(self.tito.tokenizer)
-        outside = [t for t in sampling.get("logit_bias") or {} if int(t) >= vocab]
+        bias = sampling.get("logit_bias") or {}
+        vocab = len(self.tito.tokenizer) if bias else 0
+        outside = [t for t in bias if int(t) >= vocab]
         if outside:
             raise BadRequest(
                 f"logit_bias names token {outside[0]}, outside the tokenizer's vocabulary "
