@@ -131,3 +131,53 @@ def _stats(url: str, session: str) -> dict[str, Any]:
 _ARGS = SimpleNamespace(
     max_tokens_per_gpu=None, context_parallel_size=1, mask_offpolicy_in_partial_rollout=False
 )
+
+
+def test_a_stopped_watch_ends_with_the_response_uncancelled_and_sets_nothing() -> None:
+    """stop() does not cancel the watch (a cancelled task is a reference cycle per call): the
+    watch ends when the server's receive() says the response is complete, and that is not a
+    disconnect of the call's client."""
+    import asyncio
+    import gc
+
+    from dressage.proxy.chat_routes import ClientWatch
+
+    async def run() -> tuple[bool, bool, int]:
+        complete = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await complete.wait()  # as uvicorn's receive() once the body is read
+            return {"type": "http.disconnect"}
+
+        watch = ClientWatch(receive)
+        await asyncio.sleep(0)
+        watch.stop()
+        complete.set()  # the response is sent
+        await watch._task
+        return watch.gone.is_set(), watch._task.cancelled(), gc.collect()
+
+    gc.collect()
+    gone, cancelled, garbage = asyncio.run(run())
+    assert not gone and not cancelled
+    assert garbage == 0
+
+
+def test_a_watch_sees_the_client_leave_before_it_is_stopped() -> None:
+    import asyncio
+
+    from dressage.proxy.chat_routes import ClientWatch
+
+    async def run() -> bool:
+        left = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        watch = ClientWatch(receive)
+        left.set()
+        await asyncio.wait_for(watch.gone.wait(), 5)
+        watch.stop()
+        return watch.gone.is_set()
+
+    assert asyncio.run(run())
