@@ -59,8 +59,8 @@ class StreamedResponse:
 
     Each arrival of bytes is one read, however many ``chunked`` chunks it holds: the chunk
     framing is decoded from a buffer, not with a read per size line and per chunk. ``timeout``
-    bounds the wait for more of the body: a watchdog timer, not a timeout per read, aborts the
-    connection once no byte came for that long (the read then fails as a
+    bounds each wait for more of the body: a watchdog timer, not a timeout per read, aborts the
+    connection once a read has waited that long (the read then fails as a
     :class:`ProtocolFailure` that says so).
     """
 
@@ -75,40 +75,45 @@ class StreamedResponse:
         length = headers.get("content-length")
         self._remaining = int(length) if length is not None and not self._chunked else -1
         self.complete = False
-        self._arrived = 0.0
+        self._waiting_since = 0.0
+        self._reading = False
         self._timed_out = False
         self._watchdog: asyncio.TimerHandle | None = None
 
     async def _read(self) -> bytes:
+        self._waiting_since = asyncio.get_running_loop().time()  # the watchdog's clock
+        self._reading = True
         try:
             data = await self._conn.reader.read(65536)
         except (ConnectionError, OSError):
             if self._timed_out:
                 raise ProtocolFailure(f"no data for {self._timeout} s") from None
             raise
+        finally:
+            self._reading = False
         if self._timed_out:
             raise ProtocolFailure(f"no data for {self._timeout} s")
-        self._arrived = asyncio.get_running_loop().time()
         return data
 
     def _watch(self) -> None:
-        """Start the idle watchdog (none without a timeout): it aborts the connection once no
-        byte came for ``timeout`` seconds, and else looks again when that would be so."""
+        """Start the watchdog (none without a timeout): it aborts the connection once a read
+        has waited ``timeout`` seconds, and else looks again when that could first be so (the
+        time the reader spends between reads does not count)."""
         if self._timeout is None:
             return
         loop = asyncio.get_running_loop()
         timeout = self._timeout
 
         def check() -> None:
-            idle_until = self._arrived + timeout
-            if loop.time() >= idle_until:
+            now = loop.time()
+            if self._reading and now >= self._waiting_since + timeout:
                 self._timed_out = True
                 self._conn.writer.transport.abort()
-            else:
-                self._watchdog = loop.call_at(idle_until, check)
+                return
+            due = self._waiting_since + timeout if self._reading else now + timeout
+            self._watchdog = loop.call_at(due, check)
 
-        self._arrived = loop.time()
-        self._watchdog = loop.call_at(self._arrived + timeout, check)
+        self._watchdog = loop.call_at(loop.time() + timeout, check)
 
     async def _pieces(self) -> AsyncIterator[bytes]:
         self._watch()

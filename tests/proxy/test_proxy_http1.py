@@ -141,3 +141,25 @@ def test_a_whole_chunked_answer_is_read_and_its_connection_reused() -> None:
                 await pool.aclose()
 
     assert asyncio.run(run()) == [b'{"ok": 1}', b'{"ok": 1}']
+
+
+def test_a_slow_reader_is_not_an_idle_engine() -> None:
+    """The timeout bounds each wait for bytes, not the time the reader spends between reads."""
+    pieces: list[bytes | float | None] = [HEAD]
+    pieces += [_chunk(e) for e in EVENTS] + [b"0\r\n\r\n"]
+
+    async def run() -> list[bytes]:
+        async with _server(pieces) as url:
+            pool = HTTP1Pool(url)
+            try:
+                async with pool.stream("POST", "/g", b"{}", timeout=0.2) as response:
+                    lines = []
+                    async for line in response.lines():
+                        lines.append(line)
+                        await asyncio.sleep(0.1)  # 1 s in all, five times the timeout
+                assert len(pool._idle) == 1, "the connection was dropped"
+                return lines
+            finally:
+                await pool.aclose()
+
+    assert asyncio.run(run()) == WANT
