@@ -139,34 +139,36 @@ class StreamedResponse:
                 self._watchdog.cancel()
 
     async def _dechunked(self) -> AsyncIterator[bytes]:
-        """The data of a ``chunked`` body, every complete chunk of each arrival joined."""
-        buffer = b""
-        at = 0  # where the next size line starts
+        """The data of a ``chunked`` body, every complete chunk of each arrival joined. A chunk
+        that takes many reads is gathered in place (a ``bytearray``), not copied at each."""
+        buffer = bytearray()
         while True:
             data = await self._read()
             if not data:
                 raise ProtocolFailure("the engine closed a chunked body mid-stream")
-            buffer = buffer[at:] + data if at else buffer + data
-            at = 0
+            buffer += data
+            at = 0  # where the next size line starts
             pieces: list[bytes] = []
             while True:
                 end = buffer.find(b"\n", at)
                 if end < 0:
                     break
                 try:
-                    size = int(buffer[at:end].split(b";", 1)[0].strip() or b"0", 16)
+                    size = int(bytes(buffer[at:end]).split(b";", 1)[0].strip() or b"0", 16)
                 except ValueError:
-                    raise ProtocolFailure(f"bad chunk size line {buffer[at:end][:40]!r}") from None
+                    line = bytes(buffer[at:end][:40])
+                    raise ProtocolFailure(f"bad chunk size line {line!r}") from None
                 if size == 0:  # the last chunk: then trailers, up to an empty line
-                    rest = buffer[end + 1 :]
                     if pieces:
                         yield b"".join(pieces)
-                    await self._trailers(rest)
+                    await self._trailers(bytes(buffer[end + 1 :]))
                     return
                 if len(buffer) < end + 1 + size + 2:
                     break  # the chunk is not all here yet
-                pieces.append(buffer[end + 1 : end + 1 + size])
+                pieces.append(bytes(buffer[end + 1 : end + 1 + size]))
                 at = end + 1 + size + 2
+            if at:
+                del buffer[:at]
             if pieces:
                 yield b"".join(pieces)
 

@@ -41,8 +41,8 @@ async def _server(pieces: Sequence[bytes | float | None]) -> AsyncIterator[str]:
                     else:
                         writer.write(piece)
                         await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client left, or the test's server is closing
         finally:
             writer.close()
 
@@ -163,3 +163,21 @@ def test_a_slow_reader_is_not_an_idle_engine() -> None:
                 await pool.aclose()
 
     assert asyncio.run(run()) == WANT
+
+
+def test_a_large_chunk_over_many_reads_is_read_whole() -> None:
+    data = bytes(range(256)) * 8192  # 2 MiB in one chunk: some 32 reads of 64 KiB
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    body = head + _chunk(data) + _chunk(b"tail") + b"0\r\n\r\n"
+
+    async def run() -> bytes:
+        async with _server([body]) as url:
+            pool = HTTP1Pool(url)
+            try:
+                return (await pool.request("POST", "/g", b"{}")).body
+            finally:
+                await pool.aclose()
+
+    assert asyncio.run(run()) == data + b"tail"
