@@ -14,19 +14,20 @@ Python's ``json`` lets through but the rest of the request path cannot carry.
   Unicode text, so the tokenizer (``TextInputSequence must be str``) and every UTF-8 encoder
   refuse it. A surrogate pair (how ``ensure_ascii`` writes an emoji) is one character and fine.
 
-Both checks walk the value only when the raw bytes could hold the problem (more openers than
-:data:`MAX_DEPTH`; a ``\\uD800``-``\\uDFFF`` escape), so a plain body costs two byte scans.
+The depth check walks the containers alone (a long string costs it nothing); the surrogate
+check looks at the bytes only when ``json`` read the body, since orjson refuses a lone surrogate.
 
 :func:`loads` and :func:`dumps` are the hot paths' JSON (the proxy's bodies, answers, engine calls
 and store lines): orjson where its reading and writing mean what ``json``'s do, ``json`` itself
 where they might not. ``loads`` gives ``json.loads``'s value, always: orjson refuses what it does
 not read as ``json`` does (``NaN``, a lone surrogate, invalid UTF-8, a BOM, over 1,024 levels)
-and ``json`` then reads it, as before; an integer literal of 19 digits or more (orjson reads one
-past 64 bits as a float) goes to ``json`` at once. ``json``'s ``NaN`` and infinities come back as
-:class:`NonFinite` (a ``float``), which orjson will not write, so ``dumps`` writes such a value
-through ``json`` too, as ``NaN``/``Infinity`` as before; the same for non-string keys and integers
-past 64 bits. Otherwise ``dumps`` is ``json.dumps(obj, ensure_ascii=False, separators=(",",
-":"))`` in UTF-8, up to how a float is spelled (``1e-05`` is ``0.00001``: the same number).
+and ``json`` then reads it, as before; a value holding a float of 2**63 or more in size is read
+again by ``json`` (orjson reads an integer literal past 64 bits as such a float). ``json``'s
+``NaN`` and infinities come back as :class:`NonFinite` (a ``float``), which orjson will not
+write, so ``dumps`` writes such a value through ``json`` too, as ``NaN``/``Infinity`` as before;
+the same for non-string keys and integers past 64 bits. Otherwise ``dumps`` is
+``json.dumps(obj, ensure_ascii=False, separators=(",", ":"))`` in UTF-8, up to how a float is
+spelled (``1e-05`` is ``0.00001``: the same number).
 """
 
 from __future__ import annotations
@@ -57,18 +58,27 @@ MAX_DEPTH = 64
 """Deepest nesting of arrays and objects a body may have (a tool's JSON schema needs ~10)."""
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_DIGITS = bytes(48 if 48 <= b <= 57 else 46 if b == 46 else 32 for b in range(256))
-"""Digits to ``0``, ``.`` kept, every other byte a space: an integer literal of 19 digits or more
-(orjson would read one past 64 bits as a float) is then a space and 19 zeros, and a fraction's
-digits follow a ``.``. Two C passes (~1.3 ns a byte); a regular expression took ~16 ns."""
-_LONG_RUN = b" " + b"0" * 19
+_HUGE = 9.2e18
+"""Just under 2**63: an integer literal that orjson reads as a float (one past 64 bits) is a
+float at least this large; ``json`` reads a float literal this large as the same float."""
 
 
-def _long_integer(raw: bytes) -> bool:
-    """Whether ``raw`` may hold an integer literal of 19 digits or more (a string with such a run
-    of digits counts too: it only sends the text to ``json``)."""
-    marked = raw.translate(_DIGITS)
-    return _LONG_RUN in marked or marked.startswith(_LONG_RUN[1:])
+def _huge_float(value: Any) -> bool:
+    """Whether ``value`` holds a float of :data:`_HUGE` or more in size: a walk over its
+    containers (a long string costs nothing, where a scan of the bytes cost a pass over it)."""
+    if type(value) is float:
+        return not -_HUGE < value < _HUGE
+    stack = [value] if type(value) is dict or type(value) is list else []
+    while stack:
+        item = stack.pop()
+        for child in item.values() if type(item) is dict else item:
+            kind = type(child)
+            if kind is float:
+                if not -_HUGE < child < _HUGE:
+                    return True
+            elif kind is dict or kind is list:
+                stack.append(child)
+    return False
 
 
 class NonFinite(float):
@@ -83,19 +93,26 @@ def _non_finite(name: str) -> NonFinite:
 def loads(raw: bytes) -> Any:
     """``json.loads(raw)``'s value, read by orjson when that is the same (module docstring);
     ``ValueError`` (``UnicodeDecodeError``, ``RecursionError`` too) as ``json.loads`` raises."""
-    if not _long_integer(raw):
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass  # json reads it, or says why it does not
-    return json.loads(raw, parse_constant=_non_finite)
+    return _loads(raw)[0]
+
+
+def _loads(raw: bytes) -> tuple[Any, bool]:
+    """:func:`loads`, and whether ``json`` read it (orjson refused it, or read an integer past
+    64 bits as a float)."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw, parse_constant=_non_finite), True
+    if _huge_float(value):
+        return json.loads(raw, parse_constant=_non_finite), True
+    return value, False
 
 
 def loads_engine(raw: bytes) -> Any:
     """An engine's answer (SGLang's ``/generate``, a stream chunk): :func:`loads` without the
-    long-integer check, whose integers (token ids, counts) always fit 64 bits: orjson, ``json``
-    for what orjson refuses (a ``NaN`` log-prob). The check is a pass over the bytes, and a
-    streamed answer's chunks repeat every token so far."""
+    large-float walk, whose integers (token ids, counts) always fit 64 bits: orjson, ``json``
+    for what orjson refuses (a ``NaN`` log-prob). The walk visits every value, and a streamed
+    answer's chunks repeat every token so far."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -210,15 +227,16 @@ def parse_json_body(raw: bytes, *, what: str = "the request body") -> Any:
     """``raw`` as a JSON value, or :class:`JSONBodyError` (see the module docstring);
     ``what`` names the text in messages."""
     try:
-        value = loads(raw)
+        value, by_json = _loads(raw)
     except RecursionError:
         raise JSONBodyError(
             f"{what} nests arrays and objects deeper than {MAX_DEPTH} levels"
         ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise JSONBodyError(f"{what} is not valid JSON: {exc}") from None
-    deep = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _nests_deeper(value, MAX_DEPTH)
-    surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+    deep = _nests_deeper(value, MAX_DEPTH)
+    # orjson refuses a lone surrogate: only a body that json read may hold one
+    surrogates = by_json and _SURROGATE_ESCAPE.search(raw) is not None
     if deep or surrogates:
         _walk(value, depth_limit=deep, surrogates=surrogates, what=what)
     return value

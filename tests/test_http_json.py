@@ -50,6 +50,7 @@ def test_not_json_names_the_text() -> None:
         b'"\\ud83d\\ude00"',
         b"123456789012345678901234567890",
         b'[0.00012345678901234567, 1.5e-07, "1234567890123456789012", 9223372036854775807]',
+        b'[1e19, -9.3e18, {"x": [18446744073709551616, -9223372036854775809]}, 2e18]',
     ],
 )
 def test_loads_reads_what_json_reads_and_dumps_writes_it_back(raw: bytes) -> None:
