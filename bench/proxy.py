@@ -412,11 +412,24 @@ def _run_role(args: argparse.Namespace) -> int:
     except ImportError:
         run = asyncio.run
     result = run(fn(args))
-    # stdout can come out of a uvloop run non-blocking; a line longer than the pipe's 64 KiB
-    # (the load's --trace) is then cut there with no error: a CI run lost its trace that way
-    os.set_blocking(sys.stdout.fileno(), True)
-    print(json.dumps(result), flush=True)
+    _write_all(sys.stdout.fileno(), (json.dumps(result) + "\n").encode())
     return 0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``, waiting while the pipe is full. stdout can be non-blocking after a
+    uvloop run (and was made so again during a write in CI), and ``print`` then cuts a line
+    longer than the pipe (the load's ``--trace``) with no error: CI lost a trace at 64 KiB and
+    at 128 KiB that way."""
+    import select
+
+    sys.stdout.flush()
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
 
 
 # ------------------------------------------------------------------------------ orchestration
