@@ -11,7 +11,8 @@ values a caller was given (flags, slime ``args`` attributes; None or "" = not gi
     PauseClientSettings.layered({"required": None}, given_as={"required": "--required"})
 
 A given value wins over its variable, a variable over the field's default (written once, on the
-field); an empty variable is unset, but for a key (``SECRETS``), where it is an error. A field
+field); an empty variable is unset, but for a key (``SECRETS``), where it is an error, as an
+empty key given is. A field
 missing from ``ENV`` is set by a given value only
 (a settings class layered over a model whose every field is a flag, not every one a variable).
 A value that does not validate is a :class:`SettingsError` naming where it came from (the flag or
@@ -105,6 +106,9 @@ class LayeredSettings(BaseSettings):
     SECRETS: ClassVar[frozenset[str]] = frozenset()
     """Keys: their values are never echoed in an error, and a key's variable set but empty is
     an error (what an unset ``$KEY`` expands to in a shell), not "no key"."""
+    RENAMED: ClassVar[Mapping[str, str]] = {}
+    """Field -> the variable it was read from before its rename (read when the new one is
+    unset, with a warning naming the new one)."""
     WHAT: ClassVar[str] = "settings"
     """What the settings are, for error messages."""
 
@@ -117,13 +121,21 @@ class LayeredSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, NamedVariables(cls, cls.ENV)
+        return init_settings, NamedVariables(cls, cls.ENV, cls.RENAMED)
 
     @classmethod
     def layered(cls, given: Mapping[str, Any], *, given_as: Mapping[str, str]) -> Self:
         """``given`` (None or "" = not given) over the variables over the defaults, validated;
         ``given_as`` names where each given field came from (a flag, an ``args`` attribute)."""
         values = {field: value for field, value in given.items() if value not in (None, "")}
+        for field in sorted(cls.SECRETS & given.keys()):  # `--key "$KEY"` with $KEY unset
+            value = given[field]
+            if isinstance(value, str) and not value.strip():
+                flag = given_as.get(field, field)
+                sentence = (
+                    f"{flag} is empty: an empty key is not 'no key'; give a key or leave it out"
+                )
+                raise SettingsError(f"invalid {cls.WHAT}: {sentence}", (sentence,))
         for field in sorted(cls.SECRETS - values.keys()):
             name = cls.ENV.get(field)
             try:
@@ -156,6 +168,8 @@ class LayeredSettings(BaseSettings):
     def _problem(
         cls, error: Mapping[str, Any], values: Mapping[str, Any], given_as: Mapping[str, str]
     ) -> str:
+        if not error["loc"]:
+            return _across_fields(error)
         field, source = cls._source(error, values, given_as)
         if error["type"] == "missing":  # its input is everything else given: never shown
             return f"{source}: {error['msg']}"
@@ -166,9 +180,17 @@ class LayeredSettings(BaseSettings):
     def _sentence(
         cls, error: Mapping[str, Any], values: Mapping[str, Any], given_as: Mapping[str, str]
     ) -> str:
+        if not error["loc"]:
+            return _across_fields(error)
         field, source = cls._source(error, values, given_as)
         shown = {**error, "input": _Hidden()} if field in cls.SECRETS else error
         return f"{source} {error_message(shown, cls)}"
+
+
+def _across_fields(error: Mapping[str, Any]) -> str:
+    """A check across fields (a model validator) says its own sentence, naming its fields; its
+    input (every value, keys too) is never shown."""
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def env_default(info: FieldInfo) -> str | None:

@@ -3,9 +3,10 @@
     dressage-proxy --engine-url http://127.0.0.1:30000 --store-dir ./proxy-store
 
 Every flag has a ``DRESSAGE_PROXY_*`` variable behind it (``dressage env`` lists them); a flag
-that is given wins over its variable, a variable over the default: pydantic-settings layers them
-(:class:`ProxySettings`, flags as its init values, over :data:`PROXY_ENV`'s variables, over
-:class:`ProxyConfig`'s defaults, each written once, on its field). ``--engine-admin-key`` reads
+that is given wins over its variable, a variable over the default, layered as every settings
+class is (:class:`ProxySettings`, a :class:`~dressage.config.layered.LayeredSettings`: the flags
+over :data:`PROXY_ENV`'s variables over :class:`ProxyConfig`'s defaults, each written once, on
+its field). ``--engine-admin-key`` reads
 ``DRESSAGE_ENGINE_ADMIN_KEY``, the variable the embedded engine itself reads, so one export
 serves both; the proxy sends it on the engine's control routes (abort, pause, continue) and
 ``--engine-api-key`` everywhere else (and on control routes too when there is no admin key:
@@ -35,22 +36,17 @@ A flag and its variable are spelled alike. The old spellings ``--engine-timeout`
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from dressage.auth import check_key, is_loopback
 from dressage.commands import RenamedFlag, command_parser
-from dressage.config.env import declare, env_secret
-from dressage.config.layered import NamedVariables, env_default
+from dressage.config.env import declare
+from dressage.config.layered import LayeredSettings, SettingsError, env_default
 from dressage.config.tito_families import MODEL_TYPE_SPELLINGS, canonical_model_type
 
 __all__ = [
@@ -81,8 +77,9 @@ MAX_PAUSE_TIMEOUT_S = 86400.0
 mistake, not a weight update)."""
 
 
-class ProxyConfigError(ValueError):
-    """Settings that cannot run; the message names the flag, its variable and the value."""
+class ProxyConfigError(SettingsError):
+    """Settings that cannot run; each of its ``sentences`` names the flag or the variable a
+    value came from, and the value (never a key's)."""
 
 
 class ProxyConfig(BaseModel):
@@ -280,24 +277,19 @@ for _field, _old in PROXY_RENAMED_ENV.items():
     declare(_old, None, f"Deprecated spelling of {PROXY_ENV[_field]} (read when that is unset).")
 
 
-class ProxySettings(ProxyConfig, BaseSettings):
-    """:class:`ProxyConfig` layered by pydantic-settings: init values (the flags that were
-    given) over the ``DRESSAGE_*`` variables over the defaults; an empty variable is unset."""
+class ProxySettings(ProxyConfig, LayeredSettings):
+    """:class:`ProxyConfig` layered as every settings class is
+    (:class:`~dressage.config.layered.LayeredSettings`): the flags that were given over the
+    ``DRESSAGE_*`` variables over the defaults; an empty variable is unset, but a key's."""
 
     model_config = SettingsConfigDict(
         extra="forbid", frozen=True, case_sensitive=True, env_ignore_empty=True
     )
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, NamedVariables(settings_cls, PROXY_ENV, PROXY_RENAMED_ENV)
+    ENV: ClassVar[Mapping[str, str]] = PROXY_ENV
+    RENAMED: ClassVar[Mapping[str, str]] = PROXY_RENAMED_ENV
+    SECRETS: ClassVar[frozenset[str]] = frozenset(_KEY_FLAGS)
+    WHAT: ClassVar[str] = "proxy settings"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -384,38 +376,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _describe(exc: ValidationError) -> str:
-    """Each problem with its field, its flag and variable, and the value (never a key's)."""
-    flags = {
-        a.dest: a.option_strings[-1]
+def _flags() -> dict[str, str]:
+    """Field -> its flag (the first spelling), for errors."""
+    return {
+        a.dest: a.option_strings[0]
         for a in parser()._actions
         if a.option_strings and not isinstance(a, RenamedFlag)
     }
-    problems = []
-    for error in exc.errors():
-        field = ".".join(map(str, error["loc"])) or "config"
-        text = f"{field}: {error['msg']}"
-        if field in PROXY_ENV:
-            given = error.get("input")
-            value = "" if field in _KEY_FLAGS else f"{given!r} from "
-            text += f" ({value}{flags.get(field, '--?')} or {PROXY_ENV[field]})"
-        problems.append(text)
-    return "; ".join(problems)
 
 
 def config_from_mapping(flags: Mapping[str, Any]) -> ProxyConfig:
     """Flags (None = not given) over ``DRESSAGE_*`` over the defaults, validated."""
-    for field in _KEY_FLAGS:  # a key variable set but empty is an error, not "no key"
-        if flags.get(field) is None and os.environ.get(PROXY_ENV[field]) is not None:
-            try:
-                env_secret(PROXY_ENV[field])
-            except ValueError as exc:
-                raise ProxyConfigError(f"invalid proxy settings: {exc}") from None
-    given = {field: value for field, value in flags.items() if value is not None}
     try:
-        return ProxySettings(**given)
-    except ValidationError as exc:
-        raise ProxyConfigError(f"invalid proxy settings: {_describe(exc)}") from None
+        return ProxySettings.layered(flags, given_as=_flags())
+    except SettingsError as exc:
+        raise ProxyConfigError(str(exc), exc.sentences) from None
 
 
 def config_from_argv(argv: Sequence[str]) -> tuple[ProxyConfig, str]:

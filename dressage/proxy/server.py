@@ -428,8 +428,9 @@ def main(argv: Sequence[str] | None = None, *, worker_index: int | None = None) 
     flags = list(sys.argv[1:] if argv is None else argv)
     try:
         config, log_level = config_from_argv(flags)
-    except ProxyConfigError as exc:
-        print(f"dressage-proxy: {exc}", file=sys.stderr)
+    except ProxyConfigError as exc:  # one sentence a problem, naming its flag or variable
+        for sentence in exc.sentences:
+            print(f"dressage-proxy: {sentence}", file=sys.stderr)
         return 2
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if config.access_log:  # --access-log: at INFO, whatever --log-level says of the rest

@@ -402,7 +402,7 @@ def test_the_default_timeout_and_the_cap_come_from_the_environment(
     assert (config.pause_timeout_s, config.max_pauses_per_trajectory) == (9.0, 0)
     monkeypatch.delenv("DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC")
     assert config_from_argv([])[0].pause_timeout_s == 300.0
-    with pytest.raises(ProxyConfigError, match="pause_timeout_s"):
+    with pytest.raises(ProxyConfigError, match="--pause-timeout-sec=-1.0: Input should be greater"):
         config_from_argv(["--pause-timeout-sec", "-1"])
 
 
