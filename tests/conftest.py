@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import sys
@@ -75,3 +76,18 @@ def busy_port() -> Iterator[int]:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         yield int(holder.getsockname()[1])
+
+
+@pytest.fixture
+def alone_with_timing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """For a test whose verdict hangs on timing: no other such test runs while it does. On the
+    2-core CI machine two of them at once (a proxy under attack, a trainer racing its rollouts)
+    each load the cores the other measures on. A lock file that every xdist worker of the run
+    sees (beside the workers' own temporary folders); the other tests run on meanwhile."""
+    lock = tmp_path_factory.getbasetemp().parent / "dressage-timing.lock"
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -41,7 +41,7 @@ import pytest
 from dressage.config.proxy import ProxyConfig
 from dressage.proxy.testing import EngineReply, ScriptedEngine
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("alone_with_timing")]
 
 REPO = Path(__file__).resolve().parents[2]
 SESSIONS = 8

@@ -26,7 +26,7 @@ from tests.helpers import ENGINE_KEY
 from tests.rollout.partial_async_hooks import ListDataSource
 from tests.training.async_driver_hooks import ADMIN, SESSIONS
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("alone_with_timing")]
 
 HOOKS = "tests.training.async_driver_hooks"
 NUM_ROLLOUT = 3
