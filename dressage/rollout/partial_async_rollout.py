@@ -171,8 +171,8 @@ class _Worker:
     def __init__(self, args: Any, data_source: Any) -> None:
         self.args = args
         self.data_source = data_source
-        self.batch = int(args.rollout_batch_size)
         view = rollout_args(args)
+        self.batch = view.rollout_batch_size
         self.limit = view.dressage_async_groups_in_flight or 2 * self.batch
         self.ahead = view.dressage_async_max_groups_ahead
         self.params = sampling_params_from_args(args)
@@ -396,8 +396,8 @@ def generate_rollout_partial_async(
         if rejected_in_a_row >= MAX_FILTERED_IN_A_ROW * worker.batch:
             raise RuntimeError(
                 f"partial-async rollout: --dynamic-sampling-filter-path "
-                f"{args.dynamic_sampling_filter_path} rejected {rejected_in_a_row} groups in a "
-                "row, so no batch can be formed (does every group get the same reward?)"
+                f"{rollout_args(args).dynamic_sampling_filter_path} rejected {rejected_in_a_row} "
+                "groups in a row, so no batch can be formed (does every group get the same reward?)"
             )
     partial = sum(
         bool(s.metadata.get("dressage_partial_rollout")) for g in kept for s in leaves(g.samples)

@@ -141,8 +141,9 @@ def _refill(
         more = data_source.get_samples(batch - len(kept))
         metrics["rollout/prompts"] += len(more)
         results = run_coroutine(_generate_groups(args, more, False))
+    path = rollout_args(args).dynamic_sampling_filter_path
     raise RuntimeError(
-        f"sync rollout: --dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} left "
-        f"{len(kept)} of {batch} groups after {MAX_FILTERED_ROUNDS} rounds of regeneration (does "
-        "every group get the same reward?)"
+        f"sync rollout: --dynamic-sampling-filter-path {path} left {len(kept)} of {batch} groups "
+        f"after {MAX_FILTERED_ROUNDS} rounds of regeneration (does every group get the same "
+        "reward?)"
     )

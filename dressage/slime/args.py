@@ -140,7 +140,21 @@ class LoopArgs:
     update_weights_interval: int = 1
     save_interval: int | None = None
     eval_interval: int | None = None
+    skip_eval_before_train: bool = False
     release_train: bool = False
+    offload_rollout: bool = False
+    """slime's parser leaves it None and its validation sets it (always on with --colocate)."""
+    offload_train: bool = False
+    check_weight_update_equal: bool = False
+    rollout_global_dataset: bool = True
+    """Off with ``--disable-rollout-global-dataset``: the data source keeps no position."""
+    use_critic: bool = False
+    """slime derives it: ``advantage_estimator == "ppo"``."""
+    num_critic_only_steps: int = 0
+
+    def actor_trains(self, rollout_id: int) -> bool:
+        """slime's ``actor_trains``: with a critic, the actor waits ``--num-critic-only-steps``."""
+        return not self.use_critic or rollout_id >= self.num_critic_only_steps
 
 
 def loop_args(args: Any) -> LoopArgs:
@@ -151,7 +165,14 @@ def loop_args(args: Any) -> LoopArgs:
         update_weights_interval=int(getattr(args, "update_weights_interval", 1) or 1),
         save_interval=getattr(args, "save_interval", None),
         eval_interval=getattr(args, "eval_interval", None),
+        skip_eval_before_train=bool(getattr(args, "skip_eval_before_train", False)),
         release_train=bool(getattr(args, "release_train", False)),
+        offload_rollout=bool(getattr(args, "offload_rollout", False)),
+        offload_train=bool(getattr(args, "offload_train", False)),
+        check_weight_update_equal=bool(getattr(args, "check_weight_update_equal", False)),
+        rollout_global_dataset=bool(getattr(args, "rollout_global_dataset", True)),
+        use_critic=bool(getattr(args, "use_critic", False)),
+        num_critic_only_steps=int(getattr(args, "num_critic_only_steps", 0) or 0),
     )
 
 

@@ -83,6 +83,7 @@ class ActorArgs:
     custom_convert_samples_to_train_data_path: str | None = None
     rollout_function_path: str | None = SLIME_DEFAULT_ROLLOUT_FUNCTION
     save: str | None = None
+    save_interval: int | None = None
     load: str | None = None
     ckpt_step: int | None = None
     start_rollout_id: int | None = None
@@ -92,6 +93,8 @@ class ActorArgs:
     debug_rollout_only: bool = False
     use_routing_replay: bool = False
     check_weight_update_equal: bool = False
+    use_critic: bool = False
+    """Not a flag: slime derives it (``--advantage-estimator ppo``)."""
     colocate: bool = False
     release_train: bool = False
     continued: bool = False
@@ -125,6 +128,7 @@ def actor_args(args: Any) -> ActorArgs:
             args, "rollout_function_path", SLIME_DEFAULT_ROLLOUT_FUNCTION
         ),
         save=getattr(args, "save", None),
+        save_interval=getattr(args, "save_interval", None),
         load=getattr(args, "load", None),
         ckpt_step=getattr(args, "ckpt_step", None),
         start_rollout_id=getattr(args, "start_rollout_id", None),
@@ -132,6 +136,7 @@ def actor_args(args: Any) -> ActorArgs:
         debug_rollout_only=bool(getattr(args, "debug_rollout_only", False)),
         use_routing_replay=bool(getattr(args, "use_routing_replay", False)),
         check_weight_update_equal=bool(getattr(args, "check_weight_update_equal", False)),
+        use_critic=bool(getattr(args, "use_critic", False)),
         colocate=bool(getattr(args, "colocate", False)),
         release_train=bool(getattr(args, "release_train", False)),
         continued=bool(getattr(args, "dressage_continue_state", None)),
@@ -140,9 +145,15 @@ def actor_args(args: Any) -> ActorArgs:
 
 @dataclass(frozen=True)
 class OptimizerArgs:
-    """Gradient clipping and Megatron's learning-rate schedule (``lr`` itself is required and
-    read as ``args.lr``)."""
+    """Adam, gradient clipping and Megatron's learning-rate schedule, with slime's and
+    Megatron's defaults; and the batch sizes that give the schedule its length."""
 
+    lr: float = 1e-6
+    """slime resets Megatron's ``--lr`` default to 1e-6."""
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
     clip_grad: float = 1.0
     """0 (or None) turns clipping off."""
     min_lr: float = 0.0
@@ -153,11 +164,25 @@ class OptimizerArgs:
     """None (or 0): the run's optimizer steps, from ``num_rollout``."""
     num_rollout: int | None = None
     n_samples_per_prompt: int = 1
+    rollout_batch_size: int | None = None
+    """Prompts a rollout (slime requires it)."""
+    global_batch_size: int | None = None
+    """Samples an optimizer step (slime requires it)."""
+
+
+def _float(args: Any, name: str, default: float) -> float:
+    value = getattr(args, name, None)
+    return default if value is None else float(value)
 
 
 def optimizer_args(args: Any) -> OptimizerArgs:
     """Read :class:`OptimizerArgs` from slime's ``args``."""
     return OptimizerArgs(
+        lr=_float(args, "lr", 1e-6),
+        weight_decay=_float(args, "weight_decay", 0.01),
+        adam_beta1=_float(args, "adam_beta1", 0.9),
+        adam_beta2=_float(args, "adam_beta2", 0.999),
+        adam_eps=_float(args, "adam_eps", 1e-8),
         clip_grad=float(getattr(args, "clip_grad", 1.0) or 0.0),
         min_lr=float(getattr(args, "min_lr", 0.0) or 0.0),
         lr_warmup_iters=int(getattr(args, "lr_warmup_iters", 0) or 0),
@@ -165,6 +190,8 @@ def optimizer_args(args: Any) -> OptimizerArgs:
         lr_decay_iters=_int_if_set(getattr(args, "lr_decay_iters", None)),
         num_rollout=_int_if_set(getattr(args, "num_rollout", None)),
         n_samples_per_prompt=int(getattr(args, "n_samples_per_prompt", 1) or 1),
+        rollout_batch_size=_int_if_set(getattr(args, "rollout_batch_size", None)),
+        global_batch_size=_int_if_set(getattr(args, "global_batch_size", None)),
     )
 
 

@@ -545,7 +545,7 @@ _MAX_VOCAB_PADDING = 1024
 
 
 def continued_checkpoint_problems(
-    hf_checkpoint: str | None, load: str, ckpt_step: int | None
+    hf_checkpoint: str | None, load: str | None, ckpt_step: int | None
 ) -> list[Problem]:
     """Why the earlier run's Megatron checkpoint at ``load`` (iteration ``ckpt_step``) cannot
     start this run's student ([] when it can): unreadable, torn, or another model (hidden size,
@@ -554,6 +554,8 @@ def continued_checkpoint_problems(
     problems: list[Problem] = []
     if not hf_checkpoint:
         return [Problem("continue_from", "no --hf-checkpoint to compare the checkpoint with")]
+    if not load:
+        return [Problem("continue_from", "no --load: the checkpoint to continue from is not named")]
     student = _inspect_or_report("student hf_checkpoint", hf_checkpoint, None, None, problems)
     info = _inspect_or_report("continue_from", load, ckpt_step, hf_checkpoint, problems)
     if student is None or info is None:

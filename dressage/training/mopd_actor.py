@@ -181,8 +181,10 @@ def teacher_micro_batches(
     if view.use_dynamic_batch_size:
         from slime.utils.seqlen_balancing import first_fit_pack
 
+        if view.max_tokens_per_gpu is None:  # slime requires it with dynamic batches
+            raise ValueError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
         cp = view.context_parallel_size
-        bins: list[list[int]] = first_fit_pack(lengths, int(args.max_tokens_per_gpu) * cp)
+        bins: list[list[int]] = first_fit_pack(lengths, view.max_tokens_per_gpu * cp)
     else:
         size = max(1, view.micro_batch_size or 1)
         bins = [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]

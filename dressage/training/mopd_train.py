@@ -46,7 +46,7 @@ from dressage.config.mopd import (
 )
 from dressage.config.mopd_path import MOPD_CONFIG_ENV, mopd_config_path
 from dressage.config.proxy_access import ProxyAccessSettings
-from dressage.slime.args import add_dressage_arguments
+from dressage.slime.args import LoopArgs, add_dressage_arguments, loop_args
 from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 from dressage.slime.mopd_args import mopd_args
@@ -185,10 +185,10 @@ def check_config_and_checkpoints(args: Any) -> None:
         validate_mopd_checkpoints,
     )
 
-    config = load_mopd_config(args.mopd_config)
+    mopd, actor = mopd_args(args), actor_args(args)
+    config = load_mopd_config(mopd.mopd_config)
     report = validate_mopd_run(config, args)
     report.problems += slime_objective_problems(args)
-    mopd, actor = mopd_args(args), actor_args(args)
     topk = DEFAULT_MOPD_TOPK if mopd.mopd_topk is None else mopd.mopd_topk
     report.problems += validate_mopd_checkpoints(
         config,
@@ -199,7 +199,7 @@ def check_config_and_checkpoints(args: Any) -> None:
     )
     if actor.continued:  # --dressage-continue-from, applied
         report.problems += continued_checkpoint_problems(
-            actor.hf_checkpoint, args.load, args.ckpt_step
+            actor.hf_checkpoint, actor.load, actor.ckpt_step
         )
     report.raise_if_failed("MOPD run")
 
@@ -208,7 +208,7 @@ def check_config_and_checkpoints(args: Any) -> None:
 class _Run:
     """What every phase of the loop reads besides the two Ray handles."""
 
-    args: Any
+    loop: LoopArgs
     ray: Any
     num_rollout_per_epoch: int | None
     periodic: PeriodicAction
@@ -216,52 +216,52 @@ class _Run:
 
     @property
     def release_train(self) -> bool:
-        return bool(self.args.release_train)
+        return self.loop.release_train
 
 
 def _update_weights(run: _Run, rollout_manager: Any, actor_model: Any, *, initial: bool) -> None:
     """slime's weight push: weights onloaded (an offloaded rollout not released), update, the
     optional first-push check, then the KV cache back."""
-    args, ray = run.args, run.ray
-    if args.offload_rollout and not run.release_train:
+    loop, ray = run.loop, run.ray
+    if loop.offload_rollout and not run.release_train:
         ray.get(rollout_manager.onload_weights.remote())
     actor_model.update_weights()
-    if initial and args.check_weight_update_equal:
+    if initial and loop.check_weight_update_equal:
         ray.get(rollout_manager.check_weights.remote(action="compare"))
-    if args.offload_rollout:
+    if loop.offload_rollout:
         ray.get(rollout_manager.onload_kv.remote())
 
 
 def _save(run: _Run, rollout_manager: Any, actor_model: Any, rollout_id: int) -> None:
-    args = run.args
-    force_sync = run.release_train or rollout_id == args.num_rollout - 1
+    loop = run.loop
+    force_sync = run.release_train or rollout_id == loop.num_rollout - 1
     actor_model.save_model(rollout_id, force_sync=force_sync)
-    if args.rollout_global_dataset:  # the data source's position, to resume from
+    if loop.rollout_global_dataset:  # the data source's position, to resume from
         run.ray.get(rollout_manager.save.remote(rollout_id))
 
 
 def _step(run: _Run, rollout_manager: Any, actor_model: Any, rollout_id: int) -> dict[str, float]:
     """One rollout of slime's loop; returns its phase timings."""
-    args, ray = run.args, run.ray
-    if args.eval_interval is not None and rollout_id == 0 and not args.skip_eval_before_train:
+    loop, ray = run.loop, run.ray
+    if loop.eval_interval is not None and rollout_id == 0 and not loop.skip_eval_before_train:
         ray.get(rollout_manager.eval.remote(rollout_id))
     started = time.monotonic()
     rollout_data_ref = ray.get(rollout_manager.generate.remote(rollout_id))
     generated = time.monotonic()
-    if args.offload_rollout:
+    if loop.offload_rollout:
         ray.get(rollout_manager.offload.remote())
     if run.release_train:
         actor_model.create()
     ray.get(actor_model.async_train(rollout_id, rollout_data_ref))
     trained = time.monotonic()
-    interval, per_epoch = args.save_interval, run.num_rollout_per_epoch
-    if run.release_train or run.periodic(rollout_id, interval, per_epoch, args.num_rollout):
+    interval, per_epoch = loop.save_interval, run.num_rollout_per_epoch
+    if run.release_train or run.periodic(rollout_id, interval, per_epoch, loop.num_rollout):
         _save(run, rollout_manager, actor_model, rollout_id)
-    if not args.offload_train:  # slime's offload_train(actor_trains) with no critic
+    if not loop.offload_train:  # slime's offload_train(actor_trains) with no critic
         actor_model.clear_memory()
     _update_weights(run, rollout_manager, actor_model, initial=False)
     updated = time.monotonic()
-    if run.periodic(rollout_id, args.eval_interval, per_epoch):
+    if run.periodic(rollout_id, loop.eval_interval, per_epoch):
         ray.get(rollout_manager.eval.remote(rollout_id))
     return {
         "time/generate_s": generated - started,
@@ -274,7 +274,9 @@ def _step(run: _Run, rollout_manager: Any, actor_model: Any, rollout_id: int) ->
 def train(args: Any) -> None:
     """slime ``train.py``'s loop (docs/slime.md §6.1) with ``actor_cls`` set; see the module
     docstring for where it differs."""
-    if args.use_critic:  # before any actor exists (check_config_and_checkpoints refuses ppo too)
+    if actor_args(
+        args
+    ).use_critic:  # before any actor exists (check_config_and_checkpoints refuses ppo too)
         raise ValueError("--use-critic: MOPD trains no critic (its advantage is the teacher's)")
     import ray
     from slime.observability import logging_utils
@@ -298,14 +300,17 @@ def train(args: Any) -> None:
     )
     if critic_model is not None:  # refused above; a critic here means slime changed
         raise RuntimeError("MOPD trains no critic, but slime created one")
-    run = _Run(args, ray, num_rollout_per_epoch, periodic_action())
+    # read after slime's setup, which sets num_rollout (from --num-epoch) and start_rollout_id
+    # (from the loaded checkpoint)
+    loop = loop_args(args)
+    run = _Run(loop, ray, num_rollout_per_epoch, periodic_action())
 
     _update_weights(run, rollout_manager, actor_model, initial=True)
-    if args.num_rollout == 0 and args.eval_interval is not None:  # slime's eval-only run
+    if loop.num_rollout == 0 and loop.eval_interval is not None:  # slime's eval-only run
         ray.get(rollout_manager.eval.remote(rollout_id=0))
-    sink = MetricsSink(Path(args.mopd_metrics_dir) / "driver.jsonl")
+    sink = MetricsSink(Path(mopd_args(args).mopd_metrics_dir or ".") / "driver.jsonl")
     try:
-        for rollout_id in range(args.start_rollout_id, args.num_rollout):
+        for rollout_id in range(loop.start_rollout_id, loop.num_rollout):
             sink.log(rollout_id, _step(run, rollout_manager, actor_model, rollout_id))
     finally:
         sink.close()

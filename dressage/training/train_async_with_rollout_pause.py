@@ -153,11 +153,6 @@ def train_async(args: Any, backend: AsyncTrainBackend, pause: RolloutPause) -> N
     backend.dispose()
 
 
-def _actor_trains(args: Any, rollout_id: int) -> bool:
-    """slime's ``actor_trains``: with a critic, the actor waits ``--num-critic-only-steps``."""
-    return not args.use_critic or rollout_id >= args.num_critic_only_steps
-
-
 class SlimeBackend:
     """The cluster port: slime's Ray actors, built and called as ``train_async.py`` does."""
 
@@ -188,6 +183,7 @@ class SlimeBackend:
         self.actor_model, self.critic_model = create_training_models(
             args, pgs, self.rollout_manager
         )
+        self.loop = loop_args(args)  # after slime's setup, which sets some of them
 
     def generate(self, rollout_id: int) -> Any:
         return self.rollout_manager.generate.remote(rollout_id)
@@ -200,12 +196,12 @@ class SlimeBackend:
 
     def train(self, rollout_id: int, rollout_data: Any) -> None:
         actor_model, critic_model = self.actor_model, self.critic_model
-        if not self.args.use_critic:
+        if not self.loop.use_critic:
             self._ray.get(actor_model.async_train(rollout_id, rollout_data))
             return
         # the critic's values feed the actor's advantages (slime's external_data)
         value_refs = critic_model.async_train(rollout_id, rollout_data)
-        if _actor_trains(self.args, rollout_id):
+        if self.loop.actor_trains(rollout_id):
             self._ray.get(
                 actor_model.async_train(rollout_id, rollout_data, external_data=value_refs)
             )
@@ -213,16 +209,16 @@ class SlimeBackend:
             self._ray.get(value_refs)
 
     def save(self, rollout_id: int, *, force_sync: bool) -> None:
-        if _actor_trains(self.args, rollout_id):  # an actor that did not train is unchanged
+        if self.loop.actor_trains(rollout_id):  # an actor that did not train is unchanged
             self.actor_model.save_model(rollout_id, force_sync=force_sync)
-        if self.args.use_critic:
+        if self.loop.use_critic:
             self.critic_model.save_model(rollout_id, force_sync=force_sync)
-        if self.args.rollout_global_dataset:  # the data source's position, to resume from
+        if self.loop.rollout_global_dataset:  # the data source's position, to resume from
             self._ray.get(self.rollout_manager.save.remote(rollout_id))
 
     def update_weights(self) -> int | None:
         self.actor_model.update_weights()
-        if actor_args(self.args).check_weight_update_equal and not self._checked:
+        if self.loop.check_weight_update_equal and not self._checked:
             self._checked = True  # as slime: once, after the initial push
             self._ray.get(self.rollout_manager.check_weights.remote(action="compare"))
         return None  # slime numbers its versions itself: the proxy reads the engine's
@@ -262,7 +258,8 @@ def _continued_problems(args: Any) -> list[str]:
         return []
     from dressage.training.checkpoints import continued_checkpoint_problems
 
-    found = continued_checkpoint_problems(args.hf_checkpoint, args.load, args.ckpt_step)
+    actor = actor_args(args)
+    found = continued_checkpoint_problems(actor.hf_checkpoint, actor.load, actor.ckpt_step)
     return [str(problem) for problem in found]
 
 

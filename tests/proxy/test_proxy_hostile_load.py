@@ -8,10 +8,12 @@ Qwen3.5 output and says its context (32k tokens, as SGLang's ``/server_info`` do
 proxy can refuse a message no prompt could hold before tokenizing it); the bench's load generator
 (8 multi-turn tool sessions, each call's end time and latency traced); and one hostile client
 per attack (``--role hostile``), started up front and told on stdin when to attack and when to
-stop. One load run holds every window, W seconds each: quiet, 10 MB bodies, deep JSON, the flood,
-quiet again; the quiet p99 is that of both quiet windows together. The hostile clients connect
-from 127.0.0.2, the good sessions from 127.0.0.1: two client addresses, as an attacker on
-another machine would be.
+stop. One load run holds every window, W seconds each, a quiet one before and after each attack:
+quiet, 10 MB bodies, quiet, deep JSON, quiet, the flood, quiet. Each attack is measured against
+the two quiet windows beside it (their calls together), so that load from outside the test that
+comes and goes (other tests on a shared CI machine) moves an attack's baseline with it. The
+hostile clients connect from 127.0.0.2, the good sessions from 127.0.0.1: two client addresses,
+as an attacker on another machine would be.
 
 Tolerance, for a 2-core machine shared with other work: the hostile clients run under
 ``nice -n 19`` (a remote attacker's CPU is not the proxy's machine's; niced, the client's own
@@ -23,7 +25,7 @@ What keeps a flood of tiny calls from taking the event loop is the proxy's refus
 client address (:mod:`dressage.proxy.client_limits`): past its burst, the flooding address's
 requests wait for the refill, so it sends at the refill rate however many connections it opens.
 The test checks that the flood was held to that rate. A performance target, so an integration
-test (not a timed unit test); about 25 s.
+test (not a timed unit test); about 35 s.
 """
 
 from __future__ import annotations
@@ -91,16 +93,18 @@ def test_hostile_clients_cost_themselves(tmp_path: Path, qwen35_tokenizer: Any) 
                                        "--nice", "19",
                                        "--source-address", HOSTILE_ADDRESS)  # fmt: skip
                 hostiles[attack], _ = bench.spawn(None, argv, "HOSTILE_READY")
-            seconds = 2 * WINDOW_S + len(ATTACKS) * (RAMP_S + WINDOW_S + DRAIN_S) + 1.0
+            seconds = (len(ATTACKS) + 1) * WINDOW_S + len(ATTACKS) * (RAMP_S + WINDOW_S + DRAIN_S)
+            seconds += 1.0
             argv = bench.role_argv("load", "--proxy", url, "--engine", engine_url,
                                    "--output-file", str(output_file), "--mode", "proxy",
                                    "--sessions", str(SESSIONS), "--seconds", str(seconds),
                                    "--warmup", "1", "--trace", "--seed", "hostile")  # fmt: skip
             load, _ = bench.spawn(None, argv, "LOAD_MEASURING")
             windows: dict[str, tuple[float, float]] = {}
+            quiet: list[tuple[float, float]] = []
             t0 = time.time()
             time.sleep(WINDOW_S)
-            windows["quiet"] = (t0, time.time())
+            quiet.append((t0, time.time()))
             for attack, proc in hostiles.items():
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
@@ -112,9 +116,9 @@ def test_hostile_clients_cost_themselves(tmp_path: Path, qwen35_tokenizer: Any) 
                 proc.stdin.write("stop\n")
                 proc.stdin.flush()
                 time.sleep(DRAIN_S)
-            t0 = time.time()
-            time.sleep(WINDOW_S)
-            windows["quiet_after"] = (t0, time.time())
+                t0 = time.time()
+                time.sleep(WINDOW_S)
+                quiet.append((t0, time.time()))
             out, _ = load.communicate(timeout=60)
             assert load.returncode == 0, "the load generator failed"
             trace = json.loads(out.strip().splitlines()[-1])["trace"]
@@ -130,15 +134,19 @@ def test_hostile_clients_cost_themselves(tmp_path: Path, qwen35_tokenizer: Any) 
                     proc.wait()
             bench.stop_process(proxy)
 
-    quiet = [c for c in trace if windows["quiet"][0] <= c[0] <= windows["quiet"][1]]
-    quiet += [c for c in trace if windows["quiet_after"][0] <= c[0] <= windows["quiet_after"][1]]
-    quiet_p99, quiet_n = _p99(quiet, 0, float("inf"))
-    allowed = 2 * quiet_p99 + SLACK_MS
     p99 = {attack: _p99(trace, *windows[attack]) for attack in ATTACKS}
-    report = {"quiet_p99_ms": round(quiet_p99, 1), "quiet_calls": quiet_n,
-              "allowed_ms": round(allowed, 1)}  # fmt: skip
-    for attack in ATTACKS:
+    allowed: dict[str, float] = {}
+    report: dict[str, Any] = {}
+    for index, attack in enumerate(ATTACKS):
+        before, after = quiet[index], quiet[index + 1]
+        beside = [
+            c for c in trace if before[0] <= c[0] <= before[1] or after[0] <= c[0] <= after[1]
+        ]
+        quiet_p99, quiet_n = _p99(beside, 0, float("inf"))
+        allowed[attack] = 2 * quiet_p99 + SLACK_MS
         report[attack] = {"p99_ms": round(p99[attack][0], 1), "calls": p99[attack][1],
+                          "quiet_p99_ms": round(quiet_p99, 1), "quiet_calls": quiet_n,
+                          "allowed_ms": round(allowed[attack], 1),
                           **{k: results[attack][k] for k in ("requests", "statuses", "p50_ms")},
                           "errors": [e[:2] for e in results[attack]["errors"]]}  # fmt: skip
     print(json.dumps(report, indent=1))
@@ -159,9 +167,9 @@ def test_hostile_clients_cost_themselves(tmp_path: Path, qwen35_tokenizer: Any) 
                 error_code,
                 message,
             )
-    # the other sessions' p99 within 2x of quiet (plus the slack), while each attack runs
+    # the other sessions' p99 within 2x of quiet beside it (plus the slack), while each attack runs
     for attack in ATTACKS:
-        assert p99[attack][0] <= allowed, (attack, report)
+        assert p99[attack][0] <= allowed[attack], (attack, report)
     # the flood was held to the refusal budget: its burst, then the refill rate, plus one
     # request per connection in flight (the big and deep attacks spent from the same budget)
     config = ProxyConfig(engine_url="http://127.0.0.1:1", store_dir=tmp_path)

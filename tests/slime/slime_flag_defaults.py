@@ -28,6 +28,7 @@ SLIME_DEFAULTS: dict[str, dict[str, Any]] = {
         "custom_convert_samples_to_train_data_path": None,
         "rollout_function_path": "slime.rollout.sglang_rollout.generate_rollout",
         "save": None,
+        "save_interval": None,
         "load": None,
         "start_rollout_id": None,
         "debug_rollout_only": False,
@@ -36,7 +37,13 @@ SLIME_DEFAULTS: dict[str, dict[str, Any]] = {
         "release_train": False,
         "check_weight_update_equal": False,
     },
-    "OptimizerArgs": {"clip_grad": 1.0, "n_samples_per_prompt": 1},
+    "OptimizerArgs": {
+        "lr": 1e-6,
+        "clip_grad": 1.0,
+        "n_samples_per_prompt": 1,
+        "rollout_batch_size": None,
+        "global_batch_size": None,
+    },
     "AdvantageArgs": {
         "advantage_estimator": "grpo",
         "custom_advantage_function_path": None,

@@ -200,3 +200,16 @@ def test_rollout_args_coercions() -> None:
     assert hooks.rollout_sample_hook_path == ("a.b", "c.d")
     stop = ["</s>"]
     assert rollout_args(Namespace(rollout_stop=stop)).rollout_stop is stop  # as given
+
+
+def test_loop_args_read_the_drivers_flags_with_slimes_defaults() -> None:
+    from dressage.slime.args import LoopArgs, loop_args
+
+    assert loop_args(Namespace(num_rollout=3)) == LoopArgs(num_rollout=3)
+    assert LoopArgs(num_rollout=3).rollout_global_dataset  # slime's store_false flag: on
+    critic = loop_args(Namespace(num_rollout=5, use_critic=True, num_critic_only_steps=2))
+    assert [critic.actor_trains(i) for i in range(4)] == [False, False, True, True]
+    plain = loop_args(Namespace(num_rollout=5, use_critic=False, num_critic_only_steps=2))
+    assert plain.actor_trains(0)
+    # slime's parser leaves the offload flags None until its validation sets them: off
+    assert not loop_args(Namespace(num_rollout=1, offload_rollout=None)).offload_rollout

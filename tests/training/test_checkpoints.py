@@ -316,3 +316,10 @@ def test_a_continued_checkpoint_of_another_model_is_named(
     missing = continued_checkpoint_problems(student, str(megatron_ckpts["small"]), 9)
     assert [p.subject for p in missing] == ["continue_from"]
     assert "iter_0000009" in missing[0].message
+
+
+def test_a_continued_run_without_load_is_named() -> None:
+    from dressage.training.checkpoints import continued_checkpoint_problems
+
+    (problem,) = continued_checkpoint_problems(str(tiny_model_dir()), None, None)
+    assert (problem.subject, "no --load" in problem.message) == ("continue_from", True)

@@ -45,7 +45,13 @@ from torch import Tensor, nn
 
 from dressage.causal_lm import output_embedding_module
 from dressage.slime.hooks import load_function
-from dressage.slime.train_args import actor_args, log_prob_args, optimizer_args
+from dressage.slime.train_args import (
+    actor_args,
+    advantage_args,
+    log_prob_args,
+    optimizer_args,
+    policy_loss_args,
+)
 from dressage.training.embedded.advantages import compute_advantages_and_returns
 from dressage.training.embedded.args import LR_DECAY_STYLES, SLIME_TRAIN_DEFAULTS
 from dressage.training.embedded.data import check_train_data, select
@@ -117,18 +123,18 @@ class EmbeddedTrainer:
             if not hasattr(args, name):
                 setattr(args, name, default)
         self.args = args
-        if args.lr_decay_style not in LR_DECAY_STYLES:
+        optimizer, view = optimizer_args(args), actor_args(args)
+        if optimizer.lr_decay_style not in LR_DECAY_STYLES:
             raise ValueError(
-                f"lr_decay_style {args.lr_decay_style!r}: expected one of {LR_DECAY_STYLES}"
+                f"lr_decay_style {optimizer.lr_decay_style!r}: expected one of {LR_DECAY_STYLES}"
             )
-        if args.save_interval is not None and not args.save:
-            raise ValueError(f"--save-interval {args.save_interval} needs --save (as slime's)")
+        if view.save_interval is not None and not view.save:
+            raise ValueError(f"--save-interval {view.save_interval} needs --save (as slime's)")
         # dense MOPD: the teachers' whole log-softmax at response positions goes to the loss;
         # topk: their top-K supports, on the teacher log-probs
         objective = mopd_objective(args)
         self.dense = objective == "dense"
         self.topk = mopd_topk(args) if objective == "topk" else 0
-        view = actor_args(args)
         path = model_path or view.hf_checkpoint
         if path is None:
             raise ValueError("no student model: pass model_path or set args.hf_checkpoint")
@@ -142,10 +148,10 @@ class EmbeddedTrainer:
         self._check_topk()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
-            lr=float(args.lr),
-            betas=(float(args.adam_beta1), float(args.adam_beta2)),
-            eps=float(args.adam_eps),
-            weight_decay=float(args.weight_decay),
+            lr=optimizer.lr,
+            betas=(optimizer.adam_beta1, optimizer.adam_beta2),
+            eps=optimizer.adam_eps,
+            weight_decay=optimizer.weight_decay,
         )
         self.loss_fn = _loss_function(args)
         self.bank = self._build_bank()
@@ -163,8 +169,7 @@ class EmbeddedTrainer:
         return None
 
     def _needs_ref(self) -> bool:
-        args = self.args
-        return bool(args.use_kl_loss) or float(args.kl_coef or 0.0) != 0.0
+        return policy_loss_args(self.args).use_kl_loss or advantage_args(self.args).kl_coef != 0.0
 
     def _check_sources(self) -> None:
         # Fail on every missing checkpoint before spending time on the student.
@@ -220,10 +225,13 @@ class EmbeddedTrainer:
         args = self.args
         check_train_data(train_data, teachers=set(self.teachers) if self.teachers else None)
         view = actor_args(args)
+        batch = optimizer_args(args).global_batch_size
+        if batch is None:
+            raise ValueError("--global-batch-size is required: the samples of an optimizer step")
         schedule = build_schedule(
             train_data["rollout_ids"],
             [len(t) for t in train_data["tokens"]],
-            global_batch_size=args.global_batch_size,
+            global_batch_size=batch,
             micro_batch_size=view.micro_batch_size,
             max_tokens_per_gpu=view.max_tokens_per_gpu if view.use_dynamic_batch_size else None,
         )
@@ -404,7 +412,7 @@ class EmbeddedTrainer:
         ``linear`` or ``cosine``) from ``lr`` to ``min_lr`` at step ``lr_decay_iters`` (default:
         the run's optimizer steps), ``min_lr`` after."""
         view = optimizer_args(self.args)
-        peak, floor = float(self.args.lr), view.min_lr
+        peak, floor = view.lr, view.min_lr
         warmup = view.lr_warmup_iters
         if step < warmup:
             return peak * (step + 1) / warmup
@@ -420,17 +428,21 @@ class EmbeddedTrainer:
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * ratio))
 
     def _decay_iters(self) -> int:
-        args, view = self.args, optimizer_args(self.args)
+        view = optimizer_args(self.args)
         if view.lr_decay_iters:
             return view.lr_decay_iters
         rollouts = view.num_rollout
         if not rollouts:
             raise ValueError(
-                f"lr_decay_style {args.lr_decay_style!r} needs lr_decay_iters or num_rollout "
+                f"lr_decay_style {view.lr_decay_style!r} needs lr_decay_iters or num_rollout "
                 "(the decay's length in optimizer steps)"
             )
-        samples = int(args.rollout_batch_size) * view.n_samples_per_prompt
-        return rollouts * max(samples // int(args.global_batch_size), 1)
+        if not view.rollout_batch_size or not view.global_batch_size:
+            raise ValueError(
+                "the learning-rate decay needs rollout_batch_size and global_batch_size"
+            )
+        samples = view.rollout_batch_size * view.n_samples_per_prompt
+        return rollouts * max(samples // view.global_batch_size, 1)
 
     # -- weights ---------------------------------------------------------------------------------
 
