@@ -525,3 +525,38 @@ def test_a_fresh_clone_is_told_to_build_the_tiny_checkpoints_first(
 
 
 UNBUILT_TEACHER = "tiny-sft:task=lookup,base=generalist,steps=7,batch_size=3,examples=977"
+
+
+def test_the_cluster_dry_run_from_an_empty_cache_says_to_build_the_assets(tmp_path: Path) -> None:
+    """The README's dry run on a machine that never ran `dressage assets`: exit 1, one sentence
+    naming the command that builds what is missing, and nothing written."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DRESSAGE_MOPD_TEACHER_CONFIG",)}
+    env["DRESSAGE_CACHE_DIR"] = str(tmp_path / "cache")  # empty: nothing built yet
+    out = tmp_path / "out"
+    argv = ["--mopd-config", "configs/mopd/embedded.json", "--output-dir", str(out), "--dry-run"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dressage.launch.slime_command", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "run `dressage assets --config configs/mopd/embedded.json` first" in done.stderr
+    assert done.stdout == "" and not out.exists()
+
+
+def test_the_readme_builds_the_assets_before_the_cluster_dry_run() -> None:
+    from tests.helpers import bash_commands
+
+    commands = bash_commands(REPO / "README.md")
+    assets = commands.index(".venv/bin/dressage assets --config configs/mopd/embedded.json")
+    launch = next(
+        i
+        for i, command in enumerate(commands)
+        if command.startswith(".venv/bin/dressage mopd launch --mopd-config configs/mopd/embedded")
+        and command.endswith("--dry-run")
+    )
+    assert assets < launch
