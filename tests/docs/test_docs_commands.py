@@ -37,6 +37,10 @@ CHECKS: list[tuple[str, str]] = [
     (r"DRESSAGE_MOPD_SCHEDULE=@daily make airflow", "make"),
     (r"\.venv/bin/python bench/\S+\.py.*", "parse"),
     (r"\.venv/bin/python scripts/profile_proxy\.py.*", "parse"),
+    (
+        r"\.venv/bin/python -m pytest -n 0 -s tests/proxy/frameworks",
+        "tested by tests/proxy/frameworks/ (the test suite's own sessions)",
+    ),
     (r"PYTHONPATH=\$PWD/examples \.venv/bin/dressage demo .*", "tested by tests/examples/"),
     (r"docker build -f containers/trainer\.Dockerfile .*", "tested by tests/containers/"),
     (
@@ -48,6 +52,13 @@ CHECKS: list[tuple[str, str]] = [
     (r"python -m dressage\.slime\.torch_dist to-(torch-dist|hf) .*", _GPU_TIER),
     (_ENV + r"\.venv/bin/python -m pytest -m megatron_gpu tests/real_slime/", _GPU_TIER),
 ]
+
+
+# How a line that is a command begins: such a block must be tagged bash, so that it is checked.
+_COMMAND_START = re.compile(
+    r"(?:[A-Z_]+=\S+ )*(?:\.venv/|\$ |(?:python3?|make|dressage(?:-proxy)?|bash|sh|curl|docker|"
+    r"pip|uv|git|ray|airflow|cd|export)(?:\s|$))"
+)
 
 
 def _kind(command: str) -> str | None:
@@ -67,6 +78,18 @@ def test_every_command_of_the_readme_and_docs_has_a_check() -> None:
     unchecked = [(page, cmd) for page, cmd in _page_commands() if _kind(cmd) is None]
     assert not unchecked, f"commands with no entry in CHECKS: {unchecked}"
     assert len(_page_commands()) >= 10  # the pages were read at all
+
+
+def test_every_block_of_commands_is_tagged_bash() -> None:
+    """A command in an untagged block (or one tagged sh, shell, console) escapes the checks."""
+    untagged = [
+        (str(page.relative_to(REPO)), block.splitlines()[0])
+        for page in PAGES
+        for tag, block in re.findall(r"^ *```(\S*)\n(.*?)^ *```", page.read_text(), re.S | re.M)
+        if tag in ("", "sh", "shell", "console", "text")
+        and any(_COMMAND_START.match(line.strip()) for line in block.splitlines()[:1])
+    ]
+    assert not untagged, f"blocks of commands not tagged bash: {untagged}"
 
 
 @pytest.fixture(scope="module")
