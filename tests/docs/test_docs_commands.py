@@ -8,6 +8,8 @@ command must match one entry of CHECKS, which says how it is checked:
 * ``parse``: too long to run here (a benchmark, a GPU): its program parses its arguments as
   written (argparse is stopped once they parse), in the fresh clone;
 * ``make``: a Makefile target of the clone, which ``make -n`` accepts;
+* ``run on a staged run``: run as written, after a small run of ``dressage_mopd`` was staged
+  where the form and ``make demo`` stage theirs (``runs/artifacts/dressage_mopd/RUN/``);
 * ``tested by ...``: another test runs it, named here.
 
 The pages in SCRIPTS are one session each (services started in one block, used in the next):
@@ -46,6 +48,11 @@ CHECKS: list[tuple[str, str]] = [
     (
         r"DRESSAGE_MOPD_TEACHER_CONFIG=/mnt/nfs/\S+ .*bash scripts/run_mopd_qwen3\.5_sync\.sh",
         "tested by tests/launch/test_slime_command.py (the shell launcher)",
+    ),
+    (
+        r'\.venv/bin/dressage artifacts show "\$\(ls -td runs/artifacts/dressage_mopd/\*/ '
+        r'\| head -n 1\)"',
+        "run on a staged run",
     ),
     (_ENV + r"\.venv/bin/dressage (assets|mopd check|mopd launch|artifacts show|env) .*", "run"),
     (r"\.venv/bin/python -m dressage\.slime\.model_flags \S+", "run"),
@@ -149,6 +156,22 @@ def _parse_only(command: str, clone: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _stage_a_run(clone: Path) -> None:
+    """A one-rollout run of ``dressage_mopd``, staged as the DAG's stage task does."""
+    from dressage.schemas import segments_to_table
+    from dressage.staging import ArtifactWriter, stage_run
+    from tests.staging.factories import segments
+
+    output = clone / "runs/dressage_mopd/manual__docs/output"
+    with ArtifactWriter(f"file://{output}/artifacts/rollout-00000", metadata={"step": 0}) as w:
+        w.write_table("segments", segments_to_table(segments(2)))
+    (output / "summary.json").write_text('{"steps": 1}')
+    (output / "metrics.jsonl").write_text('{"step": 0, "time": 1, "metrics": {"reward": 1}}\n')
+    staged = clone / "runs/artifacts/dressage_mopd/manual__docs"
+    metadata = {"dag_id": "dressage_mopd", "run_id": "manual__docs", "steps": 1}
+    stage_run(str(output), staged.as_uri(), metadata=metadata)
+
+
 @pytest.mark.parametrize(("page", "command"), _page_commands())
 def test_the_command_runs_as_written(page: str, command: str, clone: Path) -> None:
     kind = _kind(command)
@@ -163,6 +186,8 @@ def test_the_command_runs_as_written(page: str, command: str, clone: Path) -> No
         done = _parse_only(command, clone)
         assert "parsed" in done.stdout, done.stderr[-2000:]
     else:
+        if kind == "run on a staged run":
+            _stage_a_run(clone)
         done = subprocess.run(
             ["bash", "-c", command],
             cwd=clone,
@@ -173,6 +198,8 @@ def test_the_command_runs_as_written(page: str, command: str, clone: Path) -> No
             check=False,
         )
     assert done.returncode == 0, f"{page}: {command}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    if kind == "run on a staged run":  # the run's manifest: its metadata and its files
+        assert "run_id: manual__docs" in done.stdout and "summary.json" in done.stdout
 
 
 @pytest.mark.parametrize("page", sorted(SCRIPTS))
