@@ -186,8 +186,11 @@ def test_the_proxy_s_and_the_engine_s_settings_each_have_a_row() -> None:
     from dressage.engine.cli import _parser as engine_parser
 
     options = {a.dest: a.option_strings[0] for a in engine_parser()._actions if a.option_strings}
+    defaults = {a.dest: a.default for a in engine_parser()._actions if a.option_strings}
     for f in dataclasses.fields(EngineConfig):
         assert f"dressage engine serve {options[f.name]}" in flags, f.name
+        if defaults[f.name] not in (None, False):  # a flag's default is its field's
+            assert defaults[f.name] == f.default, f.name
 
 
 def test_every_variable_in_the_table_is_one_dressage_env_lists() -> None:
