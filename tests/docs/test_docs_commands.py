@@ -8,6 +8,8 @@ command must match one entry of CHECKS, which says how it is checked:
 * ``parse``: too long to run here (a benchmark, a GPU): its program parses its arguments as
   written (argparse is stopped once they parse), in the fresh clone;
 * ``make``: a Makefile target of the clone, which ``make -n`` accepts;
+* ``run on a staged run``: run as written, after a small run of ``dressage_mopd`` was staged
+  where the form and ``make demo`` stage theirs (``runs/artifacts/dressage_mopd/RUN/``);
 * ``tested by ...``: another test runs it, named here.
 
 The pages in SCRIPTS are one session each (services started in one block, used in the next):
@@ -37,17 +39,33 @@ CHECKS: list[tuple[str, str]] = [
     (r"DRESSAGE_MOPD_SCHEDULE=@daily make airflow", "make"),
     (r"\.venv/bin/python bench/\S+\.py.*", "parse"),
     (r"\.venv/bin/python scripts/profile_proxy\.py.*", "parse"),
+    (
+        r"\.venv/bin/python -m pytest -n 0 -s tests/proxy/frameworks",
+        "tested by tests/proxy/frameworks/ (the test suite's own sessions)",
+    ),
     (r"PYTHONPATH=\$PWD/examples \.venv/bin/dressage demo .*", "tested by tests/examples/"),
     (r"docker build -f containers/trainer\.Dockerfile .*", "tested by tests/containers/"),
     (
         r"DRESSAGE_MOPD_TEACHER_CONFIG=/mnt/nfs/\S+ .*bash scripts/run_mopd_qwen3\.5_sync\.sh",
         "tested by tests/launch/test_slime_command.py (the shell launcher)",
     ),
+    (
+        r'\.venv/bin/dressage artifacts show "\$\(ls -td runs/artifacts/dressage_mopd/\*/ '
+        r'\| head -n 1\)"',
+        "run on a staged run",
+    ),
     (_ENV + r"\.venv/bin/dressage (assets|mopd check|mopd launch|artifacts show|env) .*", "run"),
     (r"\.venv/bin/python -m dressage\.slime\.model_flags \S+", "run"),
     (r"python -m dressage\.slime\.torch_dist to-(torch-dist|hf) .*", _GPU_TIER),
     (_ENV + r"\.venv/bin/python -m pytest -m megatron_gpu tests/real_slime/", _GPU_TIER),
 ]
+
+
+# How a line that is a command begins: such a block must be tagged bash, so that it is checked.
+_COMMAND_START = re.compile(
+    r"(?:[A-Z_]+=\S+ )*(?:\.venv/|\$ |(?:python3?|make|dressage(?:-proxy)?|bash|sh|curl|docker|"
+    r"pip|uv|git|ray|airflow|cd|export)(?:\s|$))"
+)
 
 
 def _kind(command: str) -> str | None:
@@ -67,6 +85,18 @@ def test_every_command_of_the_readme_and_docs_has_a_check() -> None:
     unchecked = [(page, cmd) for page, cmd in _page_commands() if _kind(cmd) is None]
     assert not unchecked, f"commands with no entry in CHECKS: {unchecked}"
     assert len(_page_commands()) >= 10  # the pages were read at all
+
+
+def test_every_block_of_commands_is_tagged_bash() -> None:
+    """A command in an untagged block (or one tagged sh, shell, console) escapes the checks."""
+    untagged = [
+        (str(page.relative_to(REPO)), block.splitlines()[0])
+        for page in PAGES
+        for tag, block in re.findall(r"^ *```(\S*)\n(.*?)^ *```", page.read_text(), re.S | re.M)
+        if tag in ("", "sh", "shell", "console", "text")
+        and any(_COMMAND_START.match(line.strip()) for line in block.splitlines()[:1])
+    ]
+    assert not untagged, f"blocks of commands not tagged bash: {untagged}"
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +156,22 @@ def _parse_only(command: str, clone: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _stage_a_run(clone: Path) -> None:
+    """A one-rollout run of ``dressage_mopd``, staged as the DAG's stage task does."""
+    from dressage.schemas import segments_to_table
+    from dressage.staging import ArtifactWriter, stage_run
+    from tests.staging.factories import segments
+
+    output = clone / "runs/dressage_mopd/manual__docs/output"
+    with ArtifactWriter(f"file://{output}/artifacts/rollout-00000", metadata={"step": 0}) as w:
+        w.write_table("segments", segments_to_table(segments(2)))
+    (output / "summary.json").write_text('{"steps": 1}')
+    (output / "metrics.jsonl").write_text('{"step": 0, "time": 1, "metrics": {"reward": 1}}\n')
+    staged = clone / "runs/artifacts/dressage_mopd/manual__docs"
+    metadata = {"dag_id": "dressage_mopd", "run_id": "manual__docs", "steps": 1}
+    stage_run(str(output), staged.as_uri(), metadata=metadata)
+
+
 @pytest.mark.parametrize(("page", "command"), _page_commands())
 def test_the_command_runs_as_written(page: str, command: str, clone: Path) -> None:
     kind = _kind(command)
@@ -140,6 +186,8 @@ def test_the_command_runs_as_written(page: str, command: str, clone: Path) -> No
         done = _parse_only(command, clone)
         assert "parsed" in done.stdout, done.stderr[-2000:]
     else:
+        if kind == "run on a staged run":
+            _stage_a_run(clone)
         done = subprocess.run(
             ["bash", "-c", command],
             cwd=clone,
@@ -150,6 +198,8 @@ def test_the_command_runs_as_written(page: str, command: str, clone: Path) -> No
             check=False,
         )
     assert done.returncode == 0, f"{page}: {command}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    if kind == "run on a staged run":  # the run's manifest: its metadata and its files
+        assert "run_id: manual__docs" in done.stdout and "summary.json" in done.stdout
 
 
 @pytest.mark.parametrize("page", sorted(SCRIPTS))

@@ -317,7 +317,7 @@ def test_cli_dry_run_prints_the_command(
     assert "option --mopd-topk: --mopd-topk 0 is below 1" in capsys.readouterr().err
 
 
-def _launcher(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _launcher(tmp_path: Path, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", str(tmp_path)),
@@ -330,7 +330,7 @@ def _launcher(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     if "DRESSAGE_CACHE_DIR" in os.environ:
         base["DRESSAGE_CACHE_DIR"] = os.environ["DRESSAGE_CACHE_DIR"]
     return subprocess.run(
-        ["bash", str(LAUNCHER), "--", "--lr", "1e-6"],
+        ["bash", str(LAUNCHER), *flags, "--", "--lr", "1e-6"],
         env={**base, **env},
         capture_output=True,
         text=True,
@@ -371,6 +371,30 @@ def test_shell_launcher_dry_run_uses_the_builder(tmp_path: Path) -> None:
     assert argv[-6:] == ["--num-layers", "2", "--hidden-size", "64", "--lr", "1e-6"]
     assert "wb-secret-xyz" not in result.stdout + result.stderr
     assert "WANDB_API_KEY" in result.stderr  # named as forwarded, value hidden
+
+
+def test_shell_launcher_layers_as_the_launcher_does(tmp_path: Path) -> None:
+    """The script has no defaults of its own: the launcher's, under the variables, under the
+    launcher's flags (given before --)."""
+    defaults = MopdRunConfig.model_fields
+    argv = _command(_launcher(tmp_path).stdout)
+    assert _value(argv, "--tensor-model-parallel-size") == str(defaults["tp_size"].default)
+    assert _value(argv, "--num-rollout") == str(defaults["num_rollout"].default)
+    assert _value(argv, "--rollout-batch-size") == str(defaults["rollout_batch_size"].default)
+    assert "--max-tokens-per-gpu" not in argv and "--use-wandb" not in argv
+    result = _launcher(tmp_path, "--num-rollout", "7", "--tp-size", "2", NUM_ROLLOUT="5")
+    assert result.returncode == 0, result.stderr
+    argv = _command(result.stdout)
+    assert (
+        _value(argv, "--num-rollout") == "7" and _value(argv, "--tensor-model-parallel-size") == "2"
+    )
+    assert argv[-2:] == ["--lr", "1e-6"]
+    import re
+
+    body = LAUNCHER.read_text().split("set -euo pipefail", 1)[1]
+    defaulted = set(re.findall(r"\$\{(\w+):-", body))  # ${NAME:-default}: the script's own
+    assert defaulted == {"PYTHON", "CHECK_IMPORTS", "DRY_RUN", "LAUNCH", "MODEL_ARGS", "1"}
+    assert not defaulted & set(MopdRunSettings.ENV.values())
 
 
 def test_shell_launcher_refuses_several_samples_per_prompt(tmp_path: Path) -> None:
@@ -525,3 +549,38 @@ def test_a_fresh_clone_is_told_to_build_the_tiny_checkpoints_first(
 
 
 UNBUILT_TEACHER = "tiny-sft:task=lookup,base=generalist,steps=7,batch_size=3,examples=977"
+
+
+def test_the_cluster_dry_run_from_an_empty_cache_says_to_build_the_assets(tmp_path: Path) -> None:
+    """The README's dry run on a machine that never ran `dressage assets`: exit 1, one sentence
+    naming the command that builds what is missing, and nothing written."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DRESSAGE_MOPD_TEACHER_CONFIG",)}
+    env["DRESSAGE_CACHE_DIR"] = str(tmp_path / "cache")  # empty: nothing built yet
+    out = tmp_path / "out"
+    argv = ["--mopd-config", "configs/mopd/embedded.json", "--output-dir", str(out), "--dry-run"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dressage.launch.slime_command", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "run `dressage assets --config configs/mopd/embedded.json` first" in done.stderr
+    assert done.stdout == "" and not out.exists()
+
+
+def test_the_readme_builds_the_assets_before_the_cluster_dry_run() -> None:
+    from tests.helpers import bash_commands
+
+    commands = bash_commands(REPO / "README.md")
+    assets = commands.index(".venv/bin/dressage assets --config configs/mopd/embedded.json")
+    launch = next(
+        i
+        for i, command in enumerate(commands)
+        if command.startswith(".venv/bin/dressage mopd launch --mopd-config configs/mopd/embedded")
+        and command.endswith("--dry-run")
+    )
+    assert assets < launch
