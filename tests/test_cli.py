@@ -230,3 +230,44 @@ def test_the_serve_commands_print_the_version(
         dressage_main([*words, "--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"dressage {version()}"
+
+
+def test_the_proxys_flags_show_their_real_defaults_and_variables() -> None:
+    """The proxy's argparse defaults are None (an unset flag falls to its variable): each help
+    shows the field's default and the variable instead; a key shows its variable only."""
+    from dressage.commands import RenamedFlag
+    from dressage.config.proxy import PROXY_ENV, ProxyConfig, parser
+
+    flags = [a for a in parser()._actions if a.option_strings and not isinstance(a, RenamedFlag)]
+    helps = {a.dest: a.help or "" for a in flags}
+    for field, info in ProxyConfig.model_fields.items():
+        shown = helps[field]
+        assert shown.endswith(f"env {PROXY_ENV[field]})"), (field, shown)
+        if field.endswith("key") or info.default is None:
+            assert "(default:" not in shown, (field, shown)
+        else:
+            assert f"(default: {info.default}; env" in shown, (field, shown)
+    assert helps["port"].endswith("(default: 8000; env DRESSAGE_PROXY_PORT)")
+
+
+def test_the_proxys_log_level_has_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dressage.config.env import all_variables
+    from dressage.config.proxy import config_from_argv
+
+    assert "DRESSAGE_PROXY_LOG_LEVEL" in {v.name for v in all_variables()}
+    monkeypatch.setenv("DRESSAGE_PROXY_LOG_LEVEL", "DEBUG")
+    assert config_from_argv([])[1] == "debug"
+    assert config_from_argv(["--log-level", "error"])[1] == "error"
+
+
+@pytest.mark.parametrize("words", [("proxy", "serve"), ()], ids=["dressage", "dressage-proxy"])
+def test_the_proxys_errors_name_the_command_that_ran(
+    words: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dressage.proxy.server import main as proxy_main
+
+    argv = ["--host", "192.0.2.1"]
+    status = dressage_main([*words, *argv]) if words else proxy_main(argv)
+    assert status == 2
+    prog = " ".join(["dressage", *words]) if words else "dressage-proxy"
+    assert capsys.readouterr().err.startswith(f"{prog}: host '192.0.2.1' is not a loopback")
