@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dressage.cli import main as dressage_main
-from dressage.commands import version
+from dressage.commands import RenamedFlag, version
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
@@ -213,13 +213,47 @@ def test_every_command_names_itself_and_explains_every_flag(
     options = [a for a in parser._actions if a.option_strings]
     assert any("--version" in a.option_strings for a in options), "no --version"
     text = parser.format_help()
+    hidden = []
     for action in options:
         assert action.help and action.help != argparse.SUPPRESS, f"{action.option_strings}"
-        worth_showing = action.default not in (None, False, [], argparse.SUPPRESS)
-        if worth_showing and not isinstance(action, argparse._VersionAction):
-            shown = parser._get_formatter()._expand_help(action)  # type: ignore[attr-defined]
-            assert "default" in shown.lower(), f"{action.option_strings} hides its default"
+        shown = parser._get_formatter()._expand_help(action)  # type: ignore[attr-defined]
+        if _takes_a_default(action) and action.option_strings[0] not in NO_DEFAULT:
+            hidden += [] if "default" in shown.lower() else [(action.option_strings[0], shown)]
+    assert not hidden, f"flags that hide their default: {hidden}"
     assert "usage: " + parser.prog in text
+
+
+# Flags with no default to show: unset, the value is absent, not a default's.
+NO_DEFAULT = {
+    "--engine-api-key": "a key (its help names its variable)",
+    "--engine-admin-key": "a key",
+    "--admin-key": "a key",
+    "--api-key": "a key",
+    "--admin-api-key": "a key",
+    "--model": "required by `dressage engine serve`",
+    "--mopd-config": "required, unless its variable is set",
+    "--rollout-num-gpus": "unset: not passed, slime decides",
+    "--max-tokens-per-gpu": "unset: not passed (slime's static micro-batches)",
+    "--wandb-project": "unset: none (needed with --use-wandb)",
+    "--wandb-group": "unset: none",
+    "--config": "`dressage assets`: more to build, repeatable",
+    "--checkpoint": "`dressage assets`: more to build, repeatable",
+}
+
+
+def _takes_a_default(action: argparse.Action) -> bool:
+    """A flag that takes a value (or a --x/--no-x pair), whatever its argparse default: one whose
+    default is None (an unset flag falls to a variable) has a real default all the same."""
+    flag_only = (
+        argparse._HelpAction,
+        argparse._VersionAction,
+        argparse._StoreTrueAction,
+        argparse._StoreFalseAction,
+        argparse._StoreConstAction,
+        argparse._CountAction,
+        RenamedFlag,
+    )
+    return not isinstance(action, flag_only)
 
 
 @pytest.mark.parametrize("words", [("proxy", "serve"), ("engine", "serve")], ids=" ".join)
@@ -271,3 +305,19 @@ def test_the_proxys_errors_name_the_command_that_ran(
     assert status == 2
     prog = " ".join(["dressage", *words]) if words else "dressage-proxy"
     assert capsys.readouterr().err.startswith(f"{prog}: host '192.0.2.1' is not a loopback")
+
+
+@pytest.mark.parametrize(
+    ("words", "flag", "shown"),
+    [
+        (("demo",), "--seed", "(default: 0)"),
+        (("mopd", "check"), "--mopd-forward-kl-weight", "(default: 0.0)"),
+        (("mopd", "check"), "--mopd-topk", "(default: 16)"),
+    ],
+)
+def test_a_zero_or_computed_default_is_shown(
+    words: tuple[str, ...], flag: str, shown: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = _parser_of(words, monkeypatch)
+    (action,) = [a for a in parser._actions if flag in a.option_strings]
+    assert shown in parser._get_formatter()._expand_help(action)  # type: ignore[attr-defined]
