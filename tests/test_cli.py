@@ -29,7 +29,55 @@ ENTRY_POINTS = [
     "dressage.agents.__main__",
     "dressage.tiny.__main__",
     "dressage.jobs.train",
+    "dressage.slime.torch_dist",
+    "dressage.slime.model_flags",
+    "dressage.tiny.generalist",
+    "dressage.proxy.testing",
 ]
+
+
+def _documented_entry_points() -> set[str]:
+    """The modules README.md and docs/*.md run as ``python -m MODULE``."""
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *REPO.glob("docs/*.md")])
+    return set(re.findall(r"python -m (dressage(?:\.\w+)*)", text))
+
+
+def test_every_documented_entry_point_is_tested() -> None:
+    tested = {m.removesuffix(".__main__") for m in ENTRY_POINTS}
+    assert _documented_entry_points() - tested == set()
+
+
+def _parsers_of(module: str, monkeypatch: pytest.MonkeyPatch) -> list[argparse.ArgumentParser]:
+    """The parser ``module``'s main builds, caught as it starts parsing, and its subcommands'."""
+    seen: list[argparse.ArgumentParser] = []
+
+    def catch(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        seen.append(self)
+        raise _Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
+    with pytest.raises(_Parsed):
+        importlib.import_module(module).main(["--help"])
+    monkeypatch.undo()
+    subs = [a for a in seen[0]._actions if isinstance(a, argparse._SubParsersAction)]
+    return [seen[0], *(p for action in subs for p in action.choices.values())]
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_entry_point_names_itself_and_explains_every_argument(
+    module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m MODULE``: its usage line says so, ``--version`` answers, and every flag and
+    positional (its subcommands' too) has help."""
+    top, *subs = _parsers_of(module, monkeypatch)
+    name = "dressage" if module == "dressage.cli" else module.removesuffix(".__main__")
+    assert top.prog == ("dressage" if name == "dressage" else f"python -m {name}")
+    assert any("--version" in a.option_strings for a in top._actions), "no --version"
+    for parser in [top, *subs]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) or action.dest == "help":
+                continue
+            assert action.help and action.help != argparse.SUPPRESS, (parser.prog, action.dest)
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
@@ -156,9 +204,10 @@ def test_dressage_env_lists_what_the_scripts_read(capsys: pytest.CaptureFixture[
     assert not read - listed - SCRIPT_LOCALS, sorted(read - listed - SCRIPT_LOCALS)
 
 
-def test_dressage_version(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("words", [(), ("mopd",), ("proxy",), ("artifacts",)], ids=repr)
+def test_dressage_version(words: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        dressage_main(["--version"])
+        dressage_main([*words, "--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"dressage {version()}"
 
