@@ -36,6 +36,10 @@ ENTRY_POINTS = [
 ]
 
 
+_MARKUP = re.compile(r"``|:[a-z]+:`")
+"""Sphinx markup, which argparse shows as it is."""
+
+
 def _documented_entry_points() -> set[str]:
     """The modules README.md and docs/*.md run as ``python -m MODULE``."""
     text = "\n".join(p.read_text() for p in [REPO / "README.md", *REPO.glob("docs/*.md")])
@@ -74,6 +78,7 @@ def test_every_entry_point_names_itself_and_explains_every_argument(
     assert top.prog == ("dressage" if name == "dressage" else f"python -m {name}")
     assert any("--version" in a.option_strings for a in top._actions), "no --version"
     for parser in [top, *subs]:
+        assert not _MARKUP.findall(parser.format_help()), f"Sphinx markup in {parser.prog}'s help"
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction) or action.dest == "help":
                 continue
@@ -269,6 +274,7 @@ def test_every_command_names_itself_and_explains_every_flag(
         if _takes_a_default(action) and action.option_strings[0] not in NO_DEFAULT:
             hidden += [] if "default" in shown.lower() else [(action.option_strings[0], shown)]
     assert not hidden, f"flags that hide their default: {hidden}"
+    assert not _MARKUP.findall(text), "Sphinx markup in the help"
     assert "usage: " + parser.prog in text
 
 
