@@ -65,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dressage", description="Dressage: train black-box agents on slime."
     )
-    parser.add_argument("--version", action="version", version=f"dressage {version()}")
+    printed = f"dressage {version()}"
+    parser.add_argument("--version", action="version", version=printed, help="print the version")
     groups = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     nested: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     for path, (target, help_text) in _COMMANDS.items():
@@ -74,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
         else:
             if path[0] not in nested:
                 group = groups.add_parser(path[0], help=f"{path[0]} commands")
+                group.add_argument(
+                    "--version", action="version", version=printed, help="print the version"
+                )
                 nested[path[0]] = group.add_subparsers(
                     dest="subcommand", metavar="SUBCOMMAND", required=True
                 )

@@ -18,12 +18,14 @@ import difflib
 import importlib.metadata
 import logging
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 __all__ = [
     "DefaultsHelpFormatter",
@@ -31,7 +33,9 @@ __all__ = [
     "command_parser",
     "did_you_mean",
     "error_message",
+    "field_help",
     "invoked_as",
+    "plain",
     "validation_sentences",
     "version",
 ]
@@ -66,12 +70,44 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         if (
             "%(default)" in text
             or "default" in text.lower()
-            or default in (None, False, argparse.SUPPRESS)
+            or default is None
+            or default is False  # a store_true flag (0 and 0.0 are shown)
+            or default is argparse.SUPPRESS
             or default == []
             or not action.option_strings
         ):
-            return text
-        return f"{text} (default: %(default)s)"
+            return plain(text)
+        return f"{plain(text)} (default: %(default)s)"
+
+
+_UNSET: Any = object()
+
+
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """Help text without Sphinx markup (````x````, ``:func:`y```, ``:mod:`~a.b```), which
+    argparse would show as it is; whitespace folded."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return " ".join(text.replace("``", "").split())
+
+
+def field_help(
+    info: FieldInfo, *, env: str | None = None, default: Any = _UNSET, secret: bool = False
+) -> str:
+    """A flag's help from the field it sets: its description, then its real default and its
+    variable, ``(default: 8000; env DRESSAGE_PROXY_PORT)``. Flags that fall to a variable when
+    unset have None as their argparse default, which would show nothing; a key (``secret``)
+    shows its variable only. ``default`` replaces the field's (one computed elsewhere)."""
+    text = plain(info.description or "").removesuffix(".").replace("%", "%%")
+    value = info.default if default is _UNSET else default
+    parts = []
+    if not secret and value is not None and not info.is_required():
+        parts.append(f"default: {value}".replace("%", "%%"))
+    if env:
+        parts.append(f"env {env}")
+    return f"{text} ({'; '.join(parts)})" if parts else text
 
 
 def command_parser(prog: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -80,6 +116,9 @@ def command_parser(prog: str, **kwargs: Any) -> argparse.ArgumentParser:
     ``prog`` is the name used when no ``dressage`` command started it (``python -m ...``).
     """
     kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+    for text in ("description", "epilog"):  # often a docstring: its markup is not shown
+        if kwargs.get(text):
+            kwargs[text] = plain(kwargs[text])
     parser = argparse.ArgumentParser(prog=_INVOKED_AS[-1] if _INVOKED_AS else prog, **kwargs)
     parser.add_argument(
         "--version", action="version", version=f"dressage {version()}", help="print the version"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dressage.cli import main as dressage_main
-from dressage.commands import version
+from dressage.commands import RenamedFlag, version
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
@@ -29,7 +29,60 @@ ENTRY_POINTS = [
     "dressage.agents.__main__",
     "dressage.tiny.__main__",
     "dressage.jobs.train",
+    "dressage.slime.torch_dist",
+    "dressage.slime.model_flags",
+    "dressage.tiny.generalist",
+    "dressage.proxy.testing",
 ]
+
+
+_MARKUP = re.compile(r"``|:[a-z]+:`")
+"""Sphinx markup, which argparse shows as it is."""
+
+
+def _documented_entry_points() -> set[str]:
+    """The modules README.md and docs/*.md run as ``python -m MODULE``."""
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *REPO.glob("docs/*.md")])
+    return set(re.findall(r"python -m (dressage(?:\.\w+)*)", text))
+
+
+def test_every_documented_entry_point_is_tested() -> None:
+    tested = {m.removesuffix(".__main__") for m in ENTRY_POINTS}
+    assert _documented_entry_points() - tested == set()
+
+
+def _parsers_of(module: str, monkeypatch: pytest.MonkeyPatch) -> list[argparse.ArgumentParser]:
+    """The parser ``module``'s main builds, caught as it starts parsing, and its subcommands'."""
+    seen: list[argparse.ArgumentParser] = []
+
+    def catch(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        seen.append(self)
+        raise _Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
+    with pytest.raises(_Parsed):
+        importlib.import_module(module).main(["--help"])
+    monkeypatch.undo()
+    subs = [a for a in seen[0]._actions if isinstance(a, argparse._SubParsersAction)]
+    return [seen[0], *(p for action in subs for p in action.choices.values())]
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_entry_point_names_itself_and_explains_every_argument(
+    module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m MODULE``: its usage line says so, ``--version`` answers, and every flag and
+    positional (its subcommands' too) has help."""
+    top, *subs = _parsers_of(module, monkeypatch)
+    name = "dressage" if module == "dressage.cli" else module.removesuffix(".__main__")
+    assert top.prog == ("dressage" if name == "dressage" else f"python -m {name}")
+    assert any("--version" in a.option_strings for a in top._actions), "no --version"
+    for parser in [top, *subs]:
+        assert not _MARKUP.findall(parser.format_help()), f"Sphinx markup in {parser.prog}'s help"
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) or action.dest == "help":
+                continue
+            assert action.help and action.help != argparse.SUPPRESS, (parser.prog, action.dest)
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
@@ -156,9 +209,10 @@ def test_dressage_env_lists_what_the_scripts_read(capsys: pytest.CaptureFixture[
     assert not read - listed - SCRIPT_LOCALS, sorted(read - listed - SCRIPT_LOCALS)
 
 
-def test_dressage_version(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("words", [(), ("mopd",), ("proxy",), ("artifacts",)], ids=repr)
+def test_dressage_version(words: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        dressage_main(["--version"])
+        dressage_main([*words, "--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"dressage {version()}"
 
@@ -213,13 +267,48 @@ def test_every_command_names_itself_and_explains_every_flag(
     options = [a for a in parser._actions if a.option_strings]
     assert any("--version" in a.option_strings for a in options), "no --version"
     text = parser.format_help()
+    hidden = []
     for action in options:
         assert action.help and action.help != argparse.SUPPRESS, f"{action.option_strings}"
-        worth_showing = action.default not in (None, False, [], argparse.SUPPRESS)
-        if worth_showing and not isinstance(action, argparse._VersionAction):
-            shown = parser._get_formatter()._expand_help(action)  # type: ignore[attr-defined]
-            assert "default" in shown.lower(), f"{action.option_strings} hides its default"
+        shown = parser._get_formatter()._expand_help(action)  # type: ignore[attr-defined]
+        if _takes_a_default(action) and action.option_strings[0] not in NO_DEFAULT:
+            hidden += [] if "default" in shown.lower() else [(action.option_strings[0], shown)]
+    assert not hidden, f"flags that hide their default: {hidden}"
+    assert not _MARKUP.findall(text), "Sphinx markup in the help"
     assert "usage: " + parser.prog in text
+
+
+# Flags with no default to show: unset, the value is absent, not a default's.
+NO_DEFAULT = {
+    "--engine-api-key": "a key (its help names its variable)",
+    "--engine-admin-key": "a key",
+    "--admin-key": "a key",
+    "--api-key": "a key",
+    "--admin-api-key": "a key",
+    "--model": "required by `dressage engine serve`",
+    "--mopd-config": "required, unless its variable is set",
+    "--rollout-num-gpus": "unset: not passed, slime decides",
+    "--max-tokens-per-gpu": "unset: not passed (slime's static micro-batches)",
+    "--wandb-project": "unset: none (needed with --use-wandb)",
+    "--wandb-group": "unset: none",
+    "--config": "`dressage assets`: more to build, repeatable",
+    "--checkpoint": "`dressage assets`: more to build, repeatable",
+}
+
+
+def _takes_a_default(action: argparse.Action) -> bool:
+    """A flag that takes a value (or a --x/--no-x pair), whatever its argparse default: one whose
+    default is None (an unset flag falls to a variable) has a real default all the same."""
+    flag_only = (
+        argparse._HelpAction,
+        argparse._VersionAction,
+        argparse._StoreTrueAction,
+        argparse._StoreFalseAction,
+        argparse._StoreConstAction,
+        argparse._CountAction,
+        RenamedFlag,
+    )
+    return not isinstance(action, flag_only)
 
 
 @pytest.mark.parametrize("words", [("proxy", "serve"), ("engine", "serve")], ids=" ".join)
@@ -230,3 +319,60 @@ def test_the_serve_commands_print_the_version(
         dressage_main([*words, "--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"dressage {version()}"
+
+
+def test_the_proxys_flags_show_their_real_defaults_and_variables() -> None:
+    """The proxy's argparse defaults are None (an unset flag falls to its variable): each help
+    shows the field's default and the variable instead; a key shows its variable only."""
+    from dressage.commands import RenamedFlag
+    from dressage.config.proxy import PROXY_ENV, ProxyConfig, parser
+
+    flags = [a for a in parser()._actions if a.option_strings and not isinstance(a, RenamedFlag)]
+    helps = {a.dest: a.help or "" for a in flags}
+    for field, info in ProxyConfig.model_fields.items():
+        shown = helps[field]
+        assert shown.endswith(f"env {PROXY_ENV[field]})"), (field, shown)
+        if field.endswith("key") or info.default is None:
+            assert "(default:" not in shown, (field, shown)
+        else:
+            assert f"(default: {info.default}; env" in shown, (field, shown)
+    assert helps["port"].endswith("(default: 8000; env DRESSAGE_PROXY_PORT)")
+
+
+def test_the_proxys_log_level_has_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dressage.config.env import all_variables
+    from dressage.config.proxy import config_from_argv
+
+    assert "DRESSAGE_PROXY_LOG_LEVEL" in {v.name for v in all_variables()}
+    monkeypatch.setenv("DRESSAGE_PROXY_LOG_LEVEL", "DEBUG")
+    assert config_from_argv([])[1] == "debug"
+    assert config_from_argv(["--log-level", "error"])[1] == "error"
+
+
+@pytest.mark.parametrize("words", [("proxy", "serve"), ()], ids=["dressage", "dressage-proxy"])
+def test_the_proxys_errors_name_the_command_that_ran(
+    words: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dressage.proxy.server import main as proxy_main
+
+    argv = ["--host", "192.0.2.1"]
+    status = dressage_main([*words, *argv]) if words else proxy_main(argv)
+    assert status == 2
+    prog = " ".join(["dressage", *words]) if words else "dressage-proxy"
+    assert capsys.readouterr().err.startswith(f"{prog}: host '192.0.2.1' is not a loopback")
+
+
+@pytest.mark.parametrize(
+    ("words", "flag", "shown"),
+    [
+        (("demo",), "--seed", "(default: 0)"),
+        (("mopd", "check"), "--mopd-forward-kl-weight", "(default: 0.0)"),
+        (("mopd", "check"), "--mopd-topk", "(default: 16)"),
+    ],
+)
+def test_a_zero_or_computed_default_is_shown(
+    words: tuple[str, ...], flag: str, shown: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = _parser_of(words, monkeypatch)
+    (action,) = [a for a in parser._actions if flag in a.option_strings]
+    assert shown in parser._get_formatter()._expand_help(action)  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from dressage.agents.base import AgentResult, AgentTask
 from dressage.agents.registry import BUILTIN_AGENTS, load_agent
+from dressage.commands import command_parser
 
 __all__ = ["main"]
 
@@ -52,7 +53,7 @@ async def _run(agent_name: str, task: AgentTask) -> AgentResult:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dressage.agents", description=__doc__)
+    parser = command_parser("python -m dressage.agents", description=__doc__)
     parser.add_argument("agent", help=f"built-in {sorted(BUILTIN_AGENTS)} or module.attribute")
     parser.add_argument("--prompt", help="the task prompt (default: a JSON task on stdin)")
     parser.add_argument("--task", help="task name: picks the tools (calculator, lookup)")

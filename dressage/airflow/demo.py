@@ -180,7 +180,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help=f"training steps (the steps Param; default: "
-        f"{DemoSettings.model_fields['steps'].default}) [env DEMO_STEPS]",
+        f"{DemoSettings.model_fields['steps'].default}; env DEMO_STEPS)",
     )
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (the seed Param)")
     parser.add_argument(

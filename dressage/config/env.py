@@ -165,6 +165,13 @@ def env_str(name: str) -> str | None:
     return _raw(name)
 
 
+def env_given(name: str) -> str | None:
+    """What the variable is set to, None when unset or empty: its default is not read (a
+    cluster job tells "set" from "the proxy's own default")."""
+    _raw(name)  # refuses undeclared names
+    return os.environ.get(name) or None
+
+
 def env_secret(name: str) -> str | None:
     """A key: None when unset. Set but empty (what an unset ``$KEY`` expands to in a shell) is an
     error, not "no key": read as unset, it would leave open what the key was meant to close."""

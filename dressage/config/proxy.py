@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import SettingsConfigDict
 
 from dressage.auth import check_key, is_loopback
-from dressage.commands import RenamedFlag, command_parser
+from dressage.commands import RenamedFlag, command_parser, field_help
 from dressage.config.env import declare
 from dressage.config.layered import LayeredSettings, SettingsError, env_default
 from dressage.config.tito_families import MODEL_TYPE_SPELLINGS, canonical_model_type
@@ -52,6 +52,7 @@ from dressage.config.tito_families import MODEL_TYPE_SPELLINGS, canonical_model_
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_PAUSE_TIMEOUT_S",
+    "LOG_LEVELS",
     "MAX_PAUSE_TIMEOUT_S",
     "PROXY_ENV",
     "PROXY_RENAMED_ENV",
@@ -75,6 +76,10 @@ and the trainer's pause client's: both read ``DRESSAGE_PROXY_PAUSE_TIMEOUT_SEC``
 MAX_PAUSE_TIMEOUT_S = 86400.0
 """Longest a rollout pause may last before it ends by itself (one day: anything longer is a
 mistake, not a weight update)."""
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+"""The levels ``--log-level`` takes (uvicorn's, less its trace)."""
 
 
 class ProxyConfigError(SettingsError):
@@ -208,6 +213,18 @@ class ProxyConfig(BaseModel):
         "costs about 3% of a call's CPU (docs/proxy-performance.md).",
     )
 
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "warning",
+        description="Level of the proxy's and uvicorn's logs (--access-log lines and the ready "
+        "line are logged whatever it is).",
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: Any) -> Any:
+        """WARNING is warning, as logging takes either."""
+        return value.lower() if isinstance(value, str) else value
+
     @field_validator("tito_model", mode="before")
     @classmethod
     def _canonical_family(cls, value: Any) -> Any:
@@ -293,20 +310,27 @@ class ProxySettings(ProxyConfig, LayeredSettings):
 
 
 def parser() -> argparse.ArgumentParser:
-    """The ``dressage-proxy`` flags; every default is None so that unset flags fall to env."""
+    """The ``dressage-proxy`` flags. Every argparse default is None, so that an unset flag falls
+    to its variable; each help shows the field's real default and its variable instead."""
     p = command_parser(
         "dressage-proxy",
         description="The recording proxy: an OpenAI-compatible, token-exact front of the engine.",
-        epilog="Every flag has a DRESSAGE_PROXY_* variable behind it (see `dressage env`).",
+        epilog="Every flag has a variable behind it (its help names it; `dressage env` lists "
+        "them): a flag given wins over its variable, a variable over the default.",
     )
     add = p.add_argument
-    add("--engine-url", help="SGLang router / server or embedded engine base URL")
-    add("--engine-api-key", help="bearer key for the engine")
+
+    def h(field: str) -> str:
+        info = ProxyConfig.model_fields[field]
+        return field_help(info, env=PROXY_ENV[field], secret=field in _KEY_FLAGS)
+
+    add("--engine-url", help=h("engine_url"))
+    add("--engine-api-key", help=h("engine_api_key"))
     add(
         "--engine-admin-key",
-        help="bearer key for the engine's control routes (prefer DRESSAGE_ENGINE_ADMIN_KEY)",
+        help=h("engine_admin_key"),
     )
-    add("--engine-timeout-sec", dest="engine_timeout_s", type=float, help="seconds per engine call")
+    add("--engine-timeout-sec", dest="engine_timeout_s", type=float, help=h("engine_timeout_s"))
     add(
         "--engine-timeout",
         dest="engine_timeout_s",
@@ -314,44 +338,44 @@ def parser() -> argparse.ArgumentParser:
         action=RenamedFlag,
         new="--engine-timeout-sec",
     )
-    add("--engine-retries", type=int, help="retries on connection errors / no worker")
-    add("--host", help="listen address (default 127.0.0.1)")
-    add("--port", type=int, help="listen port (0: any free port)")
-    add("--store-dir", type=Path, help="folder of the durable trajectory store")
-    add("--store-fsync", action=argparse.BooleanOptionalAction, help="fdatasync each append")
-    add("--tokenizer-path", help="tokenizer folder (default: the family's own)")
+    add("--engine-retries", type=int, help=h("engine_retries"))
+    add("--host", help=h("host"))
+    add("--port", type=int, help=h("port"))
+    add("--store-dir", type=Path, help=h("store_dir"))
+    add("--store-fsync", action=argparse.BooleanOptionalAction, help=h("store_fsync"))
+    add("--tokenizer-path", help=h("tokenizer_path"))
     add(
         "--token-build-mode",
         choices=["tito", "snapshot"],
-        help="how prompts become tokens: incrementally (tito) or re-rendered each call",
+        help=h("token_build_mode"),
     )
     add(
         "--tito-model",
         "--token-build-model",
         dest="tito_model",
         choices=MODEL_TYPE_SPELLINGS,
-        help="TITO chat family (default qwen3.5; qwen3_5 is the same family)",
+        help=h("tito_model"),
     )
     add(
         "--dressage-partial-rollout",
         dest="partial_rollout",
         action=argparse.BooleanOptionalAction,
-        help="calls stopped by a rollout pause keep their partial output",
+        help=h("partial_rollout"),
     )
     add(
         "--record-token-versions",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="segments carry a weight version per token",
+        help=h("record_token_versions"),
     )
     add(
         "--mask-nonlast-version-tokens",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="train only the tokens of the last weight version",
+        help=h("mask_nonlast_version_tokens"),
     )
-    add("--max-pauses-per-trajectory", type=int, help="rollout pauses one session may span")
-    add("--pause-timeout-sec", dest="pause_timeout_s", type=float, help="default pause timeout (s)")
+    add("--max-pauses-per-trajectory", type=int, help=h("max_pauses_per_trajectory"))
+    add("--pause-timeout-sec", dest="pause_timeout_s", type=float, help=h("pause_timeout_s"))
     add(
         "--pause-timeout",
         dest="pause_timeout_s",
@@ -359,20 +383,20 @@ def parser() -> argparse.ArgumentParser:
         action=RenamedFlag,
         new="--pause-timeout-sec",
     )
-    add("--admin-key", help="key required on session/control endpoints")
-    add("--api-key", help="key required on chat endpoints")
-    add("--max-request-bytes", type=int, help="largest request body (413 above it)")
-    add("--served-model-name", help="the model name the API reports")
-    add("--default-max-tokens", type=int, help="max_tokens of a call that sets none")
+    add("--admin-key", help=h("admin_key"))
+    add("--api-key", help=h("api_key"))
+    add("--max-request-bytes", type=int, help=h("max_request_bytes"))
+    add("--served-model-name", help=h("served_model_name"))
+    add("--default-max-tokens", type=int, help=h("default_max_tokens"))
     add(
         "--client-refusal-rate",
         type=float,
-        help="refused requests a second per client address before it waits (0: no limit)",
+        help=h("client_refusal_rate"),
     )
-    add("--client-refusal-burst", type=int, help="refused requests per client address at once")
-    add("--access-log", action=argparse.BooleanOptionalAction, help="one line per request")
-    add("--workers", type=int, help="proxy processes behind the port, sessions hashed to them")
-    add("--log-level", default="warning", help="level of the proxy's and uvicorn's logs")
+    add("--client-refusal-burst", type=int, help=h("client_refusal_burst"))
+    add("--access-log", action=argparse.BooleanOptionalAction, help=h("access_log"))
+    add("--workers", type=int, help=h("workers"))
+    add("--log-level", type=str.lower, choices=LOG_LEVELS, help=h("log_level"))
     return p
 
 
@@ -394,7 +418,6 @@ def config_from_mapping(flags: Mapping[str, Any]) -> ProxyConfig:
 
 
 def config_from_argv(argv: Sequence[str]) -> tuple[ProxyConfig, str]:
-    """Parse ``dressage-proxy`` flags; returns the config and the log level."""
-    args = vars(parser().parse_args(list(argv)))
-    log_level = str(args.pop("log_level"))
-    return config_from_mapping(args), log_level
+    """Parse ``dressage-proxy`` flags; returns the config and its log level."""
+    config = config_from_mapping(vars(parser().parse_args(list(argv))))
+    return config, config.log_level

@@ -65,13 +65,28 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve pause, abort and weight updates without a key (loopback only; for tests)",
     )
-    p.add_argument("--served-model-name", help="the model name the API reports (SGLang's)")
+    p.add_argument(
+        "--served-model-name",
+        help="the model name the API reports (SGLang's; default: the --model folder)",
+    )
     p.add_argument(
         "--context-length", type=int, help="most tokens of a sequence (default: the model's)"
     )
-    p.add_argument("--max-running-requests", type=int, help="requests decoded at once")
-    p.add_argument("--max-total-tokens", type=int, help="KV budget in token positions")
-    p.add_argument("--max-prefill-tokens", type=int, help="most prompt tokens a prefill batch")
+    p.add_argument(
+        "--max-running-requests",
+        type=int,
+        help="requests decoded at once (default: 64 on CPU, 256 on a GPU)",
+    )
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        help="KV budget in token positions (default: what the device's memory holds)",
+    )
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        help="most prompt tokens a prefill batch (default: 8192 on CPU, 16384 on a GPU)",
+    )
     p.add_argument(
         "--num-threads", type=int, help="CPU threads for the lm_head pass (default: all cores)"
     )

@@ -34,6 +34,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import dressage.config.proxy  # noqa: F401  (declares DRESSAGE_PROXY_HOST)
+from dressage.config.env import env_given
 from dressage.config.job import ClusterOptions, JobOptions, optimizer_batch
 from dressage.config.mopd import MOPD_HOOKS
 from dressage.config.run import ClusterLayout, MopdObjective, MopdRunConfig, TrainRunConfig
@@ -68,7 +70,7 @@ class ClusterPlan(BaseModel):
 
 def node_address() -> str:
     """This node's address on the cluster network."""
-    explicit = os.environ.get("DRESSAGE_PROXY_HOST")
+    explicit = env_given("DRESSAGE_PROXY_HOST")  # the proxy's host, when set to one
     if explicit:
         return explicit
     try:

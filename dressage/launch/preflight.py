@@ -378,9 +378,20 @@ def _parser() -> argparse.ArgumentParser:
         help=f"also check this MOPD objective's settings on --backend (the job's default: "
         f"{DEFAULT_MOPD_OBJECTIVE})",
     )
-    parser.add_argument("--mopd-topk", type=int, default=None, metavar="K", help="topk's K")
     parser.add_argument(
-        "--mopd-forward-kl-weight", type=float, default=0.0, metavar="B", help="dense and topk"
+        "--mopd-topk",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"K of the topk objective: the teacher's top-K tokens (default: {DEFAULT_MOPD_TOPK})",
+    )
+    parser.add_argument(
+        "--mopd-forward-kl-weight",
+        type=float,
+        default=0.0,
+        metavar="B",
+        help="share of the forward KL in the per-token loss of the dense and topk objectives, "
+        "in [0, 1]",
     )
     parser.add_argument(
         "--teacher-skill-floor",

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from dressage.commands import command_parser, did_you_mean
+from dressage.commands import command_parser, did_you_mean, field_help
 from dressage.config.layered import SettingsError
 from dressage.config.mopd import (
     MOPD_HOOKS,
@@ -344,13 +344,8 @@ def _flag(name: str) -> str:
 
 def _field_help(name: str) -> str:
     info = MopdRunConfig.model_fields[name]
-    text = " ".join((info.description or "").split()).replace("``", "").replace("%", "%%")
-    if info.default is not None and not info.is_required():
-        shown = DEFAULT_MOPD_TOPK if name == "mopd_topk" else info.default
-        text += f" (default: {shown})"
-    if name in _ENV_OF:
-        text += f" [env {_ENV_OF[name]}]"
-    return text
+    shown = DEFAULT_MOPD_TOPK if name == "mopd_topk" else info.default
+    return field_help(info, env=_ENV_OF.get(name), default=shown)
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:

@@ -11,7 +11,6 @@ STOPPED (ended after SIGTERM/SIGINT reached the group).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -22,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from dressage.commands import command_parser
+
 
 def write_exit(path: Path, record: dict[str, object]) -> None:
     scratch = path.with_name(f".{path.name}.{os.getpid()}")
@@ -30,8 +31,8 @@ def write_exit(path: Path, record: dict[str, object]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m dressage.launch.supervisor",
+    parser = command_parser(
+        "python -m dressage.launch.supervisor",
         usage="%(prog)s EXIT_JSON -- COMMAND...",
         description="Run COMMAND, forward stop signals to it, write how it ended to EXIT_JSON.",
     )

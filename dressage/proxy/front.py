@@ -47,7 +47,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dressage.config.proxy import ProxyConfig
+from dressage.config.proxy import ProxyConfig, parser
 from dressage.proxy.errors import error_body
 from dressage.proxy.front_combine import combine
 from dressage.proxy.front_http import (
@@ -402,7 +402,9 @@ def _listen(config: ProxyConfig) -> socket.socket:
     return sock
 
 
-async def _run(config: ProxyConfig, argv: Sequence[str], ready_log: logging.Logger) -> int:
+async def _run(
+    config: ProxyConfig, argv: Sequence[str], ready_log: logging.Logger, prog: str
+) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -420,7 +422,7 @@ async def _run(config: ProxyConfig, argv: Sequence[str], ready_log: logging.Logg
         return 0
     stopped.cancel()
     if (error := starting.exception()) is not None:
-        print(f"dressage-proxy: {error}", file=sys.stderr, flush=True)
+        print(f"{prog}: {error}", file=sys.stderr, flush=True)
         return error.status if isinstance(error, WorkerFailed) else 2
     server = await loop.create_server(front.protocol, sock=sock)
     host = f"[{config.host}]" if ":" in config.host else config.host
@@ -439,22 +441,23 @@ async def _run(config: ProxyConfig, argv: Sequence[str], ready_log: logging.Logg
     server.close()
     await workers.stop()
     if workers.failed.done():
-        print(f"dressage-proxy: {workers.failed.result()}", file=sys.stderr, flush=True)
+        print(f"{prog}: {workers.failed.result()}", file=sys.stderr, flush=True)
         return workers.failed.result().status
     return 0
 
 
 def serve_front(config: ProxyConfig, argv: Sequence[str], ready_log: logging.Logger) -> int:
     """Run the front and its ``config.workers`` workers until a signal; the exit status."""
+    prog = parser().prog  # how it was started: dressage-proxy, dressage proxy serve
     refusal = store_layout_error(config.store_dir, config.workers)
     if refusal is not None:
-        print(f"dressage-proxy: {refusal}", file=sys.stderr)
+        print(f"{prog}: {refusal}", file=sys.stderr)
         return 2
     claim_store(config.store_dir, config.workers)
     try:
         lock = _lock(config.store_dir)
     except RuntimeError as exc:
-        print(f"dressage-proxy: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     try:
         import uvloop
@@ -463,9 +466,9 @@ def serve_front(config: ProxyConfig, argv: Sequence[str], ready_log: logging.Log
     except ImportError:
         runner = asyncio.run
     try:
-        return int(runner(_run(config, argv, ready_log)))
+        return int(runner(_run(config, argv, ready_log, prog)))
     except OSError as exc:
-        print(f"dressage-proxy: cannot listen on {config.host}:{config.port}: {exc}",
+        print(f"{prog}: cannot listen on {config.host}:{config.port}: {exc}",
               file=sys.stderr)  # fmt: skip
         return 2
     finally:

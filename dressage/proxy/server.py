@@ -61,7 +61,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from dressage.auth import key_matches
-from dressage.config.proxy import ProxyConfig, ProxyConfigError, config_from_argv
+from dressage.config.proxy import ProxyConfig, ProxyConfigError, config_from_argv, parser
 from dressage.proxy.access_log import ACCESS_LOGGER, AccessLog, note_refusal
 from dressage.proxy.chat_routes import SESSION_HEADERS, add_chat_routes
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
@@ -426,11 +426,12 @@ def main(argv: Sequence[str] | None = None, *, worker_index: int | None = None) 
     import uvicorn
 
     flags = list(sys.argv[1:] if argv is None else argv)
+    prog = parser().prog  # how it was started: dressage-proxy, dressage proxy serve
     try:
         config, log_level = config_from_argv(flags)
     except ProxyConfigError as exc:  # one sentence a problem, naming its flag or variable
         for sentence in exc.sentences:
-            print(f"dressage-proxy: {sentence}", file=sys.stderr)
+            print(f"{prog}: {sentence}", file=sys.stderr)
         return 2
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if config.access_log:  # --access-log: at INFO, whatever --log-level says of the rest
@@ -442,13 +443,13 @@ def main(argv: Sequence[str] | None = None, *, worker_index: int | None = None) 
 
         return serve_front(config, flags, ready_log)
     if worker_index is None and (refusal := store_layout_error(config.store_dir, 1)):
-        print(f"dressage-proxy: {refusal}", file=sys.stderr)
+        print(f"{prog}: {refusal}", file=sys.stderr)
         return 2
     what = "proxy" if worker_index is None else f"proxy worker {worker_index}"
     refusals: list[str] = []
 
     def refuse(sentence: str) -> None:  # the engine serves another vocabulary: stop, say why
-        print(f"dressage-proxy: {sentence}", file=sys.stderr, flush=True)
+        print(f"{prog}: {sentence}", file=sys.stderr, flush=True)
         refusals.append(sentence)
         server.should_exit = True
 

@@ -19,7 +19,6 @@ with all its ids and finish ``abort``, as SGLang does. ``context_length`` makes 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import socket
@@ -30,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from dressage.commands import command_parser
 from dressage.config.proxy import ProxyConfig
 from dressage.health import wait_healthy
 from dressage.serve_thread import serve_on_thread
@@ -356,8 +356,8 @@ def serve_proxy(config: ProxyConfig, **components: Any) -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """A scripted engine process that answers every ``/generate`` with the same ids."""
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--port", type=int, default=0)
+    p = command_parser("python -m dressage.proxy.testing", description=main.__doc__)
+    p.add_argument("--port", type=int, default=0, help="port to serve on (0: a free one)")
     p.add_argument("--output-file", required=True, help="JSON list of output ids")
     p.add_argument("--stream-interval-ms", type=float, default=None,
                    help="send streamed answers chunked, an event this many ms apart "

@@ -9,12 +9,12 @@ a thick dark one. Rendered with matplotlib's Agg backend (no display needed).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dressage.commands import command_parser
 from dressage.reporting.metrics import (
     ACCURACY,
     REVERSE_KL,
@@ -87,8 +87,8 @@ def plot_curves(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dressage.reporting.curves METRICS_JSONL OUT_PNG``: plot, print the PNG's path."""
-    parser = argparse.ArgumentParser(
-        prog="python -m dressage.reporting.curves", description="Plot a run's learning curves."
+    parser = command_parser(
+        "python -m dressage.reporting.curves", description="Plot a run's learning curves."
     )
     parser.add_argument("metrics", help="the run's metrics.jsonl")
     parser.add_argument("out", help="the PNG to write")

@@ -20,13 +20,13 @@ say). Needs CUDA, slime (``SLIME_ROOT``) and Megatron-LM's training code on ``PY
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dressage.commands import command_parser
 from dressage.slime.model_flags import ModelFlagsError, megatron_model_flags
 
 __all__ = ["TRACKER_FILE", "conversion_argv", "main", "megatron_iteration_dir"]
@@ -160,17 +160,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in raw:
         cut = raw.index("--")
         raw, extra = raw[:cut], raw[cut + 1 :]
-    parser = argparse.ArgumentParser(
-        prog="python -m dressage.slime.torch_dist", description=__doc__.split("\n\n")[0]
+    parser = command_parser(
+        "python -m dressage.slime.torch_dist",
+        description=__doc__.split("\n\n")[0],
+        epilog="Flags after -- go to the converter as they are.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     a = sub.add_parser("to-torch-dist", help="a Hugging Face folder to a Megatron checkpoint")
-    a.add_argument("hf_dir", type=Path)
-    a.add_argument("out", type=Path)
+    a.add_argument("hf_dir", type=Path, help="the Hugging Face folder to convert")
+    a.add_argument("out", type=Path, help="folder of the Megatron (torch_dist) checkpoint")
     b = sub.add_parser("to-hf", help="a Megatron checkpoint to a Hugging Face folder")
-    b.add_argument("megatron_dir", type=Path)
+    b.add_argument("megatron_dir", type=Path, help="the Megatron (torch_dist) checkpoint")
     b.add_argument("hf_dir", type=Path, help="the Hugging Face folder of the same model")
-    b.add_argument("out", type=Path)
+    b.add_argument("out", type=Path, help="folder of the Hugging Face result")
     ns = parser.parse_args(raw)
     import torch.distributed as dist
 

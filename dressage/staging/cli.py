@@ -19,7 +19,12 @@ def validate_main(argv: Sequence[str]) -> int:
         "Exit 0 when valid; otherwise print the JSON report and exit 1.",
     )
     parser.add_argument("url", help="artifact folder URL (file://, memory://, s3://, gs://, path)")
-    parser.add_argument("--vocab-size", type=int, default=None, help="check token ids below it")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="check that every token id is below it (default: no check)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print nothing when valid")
     args = parser.parse_args(list(argv))
     report = validate_artifact(args.url, vocab_size=args.vocab_size)

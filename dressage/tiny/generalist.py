@@ -32,7 +32,6 @@ recipe and what the base measured when it was built.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -42,6 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+
+from dressage.commands import DefaultsHelpFormatter, command_parser
 
 if TYPE_CHECKING:
     from torch import nn
@@ -232,6 +233,24 @@ class PretrainRecipe:
             max_position_embeddings=4096,
             pretrained=pretrained,
         )
+
+
+_RECIPE_HELP = {
+    "seed": "seed of the model's initial weights",
+    "hidden_size": "width of the model",
+    "intermediate_size": "width of each MLP",
+    "num_hidden_layers": "transformer layers",
+    "num_attention_heads": "attention heads",
+    "num_key_value_heads": "key/value heads (grouped-query attention)",
+    "head_dim": "width of each attention head",
+    "examples": "training examples drawn from the tasks",
+    "steps": "optimizer steps",
+    "batch_size": "examples a step",
+    "lr": "peak learning rate (cosine decay after the warm-up)",
+    "warmup": "steps of linear warm-up",
+    "data_seed": "seed of the training examples",
+}
+"""Help of each ``build`` flag (one per numeric field of :class:`PretrainRecipe`)."""
 
 
 def cosine_schedule(steps: int, warmup: int) -> Callable[[int], float]:
@@ -425,17 +444,27 @@ def generalist_dir() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dressage.tiny.generalist build --out DIR [--device cuda] [--steps N]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m dressage.tiny.generalist",
+    parser = command_parser(
+        "python -m dressage.tiny.generalist",
         description="Pre-train the generalist base on the auxiliary tool tasks.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="train a base into --out and print what it measured")
-    build.add_argument("--out", required=True, type=Path)
-    build.add_argument("--device", default="cpu")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    build = sub.add_parser(
+        "build",
+        help="train a base into --out and print what it measured",
+        description="Train a generalist base into --out and print its held-out greedy accuracy.",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    build.add_argument("--out", required=True, type=Path, help="folder the base is written to")
+    build.add_argument("--device", default="cpu", help="where it trains: cpu, cuda, cuda:N")
     for name, default in asdict(PretrainRecipe()).items():
         if isinstance(default, int | float) and not isinstance(default, bool):
-            build.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+            build.add_argument(
+                f"--{name.replace('_', '-')}",
+                type=type(default),
+                default=default,
+                help=_RECIPE_HELP[name],
+            )
     args = parser.parse_args(argv)
     fields_ = {k: getattr(args, k) for k in asdict(PretrainRecipe()) if hasattr(args, k)}
     recipe = PretrainRecipe(**fields_)

@@ -18,7 +18,6 @@ Check the checkpoints of a MOPD config::
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import struct
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from dressage.commands import command_parser
 from dressage.config.mopd import MopdConfig, Problem, load_mopd_config
 from dressage.tiny.checkpoints import resolve_checkpoint
 
@@ -597,8 +597,14 @@ def _describe(problems: Iterable[Problem]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dressage.training.checkpoints [CONFIG]``: exit 1 listing every mismatch."""
-    parser = argparse.ArgumentParser(prog="python -m dressage.training.checkpoints")
-    parser.add_argument("config", nargs="?", help="default: $DRESSAGE_MOPD_TEACHER_CONFIG")
+    parser = command_parser(
+        "python -m dressage.training.checkpoints",
+        description="Check that a MOPD config's student and teachers share architecture, "
+        "tokenizer and vocabulary. Exit 1 listing every mismatch.",
+    )
+    parser.add_argument(
+        "config", nargs="?", help="the MOPD config JSON (default: $DRESSAGE_MOPD_TEACHER_CONFIG)"
+    )
     args = parser.parse_args(argv)
     problems = validate_mopd_checkpoints(load_mopd_config(args.config))
     if problems:

@@ -1,7 +1,10 @@
 """One layering of settings (issue 30): a flag or slime ``args`` attribute over its variable over
 the default is :mod:`dressage.config.layered`'s, nowhere else. The source of ``dressage/`` is
-scanned for the other styles: a value ``or`` a variable read, and an argparse default read from
-the environment. Each finding is reported as file:line."""
+scanned for the other styles: a value ``or`` a variable read, an argparse default read from the
+environment, a pydantic ``BaseSettings`` subclass that is not a ``LayeredSettings``, and a
+``DRESSAGE_*`` variable read from ``os.environ`` outside ``dressage/config/`` (there, through
+``dressage.config.env``'s readers, which refuse undeclared names). Each finding is reported as
+file:line."""
 
 from __future__ import annotations
 
@@ -42,10 +45,32 @@ def _reads_a_variable(node: ast.AST) -> bool:
     return False
 
 
-def _findings(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, what) of each other layering style in one module."""
+def _raw_dressage_read(node: ast.AST) -> bool:
+    """``os.environ.get("DRESSAGE_X")``, ``os.getenv("DRESSAGE_X")`` or ``os.environ["DRESSAGE_X"]``
+    read (not set)."""
+    if isinstance(node, ast.Call) and _dotted(node.func) in ENVIRON_READERS and node.args:
+        name = node.args[0]
+    elif (
+        isinstance(node, ast.Subscript)
+        and _dotted(node.value) == "os.environ"
+        and isinstance(node.ctx, ast.Load)
+    ):
+        name = node.slice
+    else:
+        return False
+    return isinstance(name, ast.Constant) and str(name.value).startswith("DRESSAGE_")
+
+
+def _findings(tree: ast.AST, *, in_config: bool = False) -> list[tuple[int, str]]:
+    """(line, what) of each other layering style in one module (``in_config``: a module of
+    dressage/config/, where variables may be read raw)."""
     found = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            if any(_dotted(base).rsplit(".", 1)[-1] == "BaseSettings" for base in node.bases):
+                found.append((node.lineno, "a BaseSettings that is not a LayeredSettings"))
+        if not in_config and _raw_dressage_read(node):
+            found.append((node.lineno, "a DRESSAGE_* variable read from os.environ"))
         if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
             if any(_reads_a_variable(value) for value in node.values):
                 found.append((node.lineno, "a value `or` a variable read"))
@@ -63,7 +88,8 @@ def scan(root: Path) -> list[str]:
         if path.relative_to(root).as_posix() in ALLOWED:
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for line, what in _findings(tree):
+        in_config = path.relative_to(root).parts[0] == "config"
+        for line, what in _findings(tree, in_config=in_config):
             problems.append(f"{path.relative_to(root.parent)}:{line}: {what}")
     return problems
 
@@ -85,6 +111,10 @@ def test_settings_are_layered_one_way_only() -> None:
         "p.add_argument('--mopd-config', default=env_str('DRESSAGE_MOPD_TEACHER_CONFIG'))",
         "p.add_argument('--steps', type=int, default=int(os.environ.get('DEMO_STEPS', '100')))",
         "group.add_argument('--n', default=config.env_int('DRESSAGE_FUZZ_SCALE'))",
+        "class ProxySettings(ProxyConfig, pydantic_settings.BaseSettings): pass",
+        "host = os.environ.get('DRESSAGE_PROXY_HOST')",
+        "host = os.getenv('DRESSAGE_PROXY_HOST', '')",
+        "host = os.environ['DRESSAGE_PROXY_HOST']",
     ],
 )
 def test_the_scan_finds_each_other_style(tmp_path: Path, source: str) -> None:
@@ -103,5 +133,7 @@ def test_the_scan_leaves_a_plain_variable_read_alone(tmp_path: Path) -> None:
         "key = os.environ.get('OPENAI_API_KEY')\n"
         "p.add_argument('--seed', type=int, default=0)\n"
         "url = given or settings.proxy_url\n"
+        "os.environ['DRESSAGE_PROXY_HOST'] = '0.0.0.0'\n"
+        "class ProxySettings(ProxyConfig, LayeredSettings): pass\n"
     )
     assert scan(module.parent) == []
