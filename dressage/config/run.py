@@ -59,6 +59,15 @@ class ClusterLayout(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
+    SLIME_SPELLINGS: ClassVar[Mapping[str, str]] = {
+        "tp_size": "--tensor-model-parallel-size",
+        "cp_size": "--context-parallel-size",
+        "pp_size": "--pipeline-model-parallel-size",
+    }
+    """slime's (Megatron's) own spellings of the fields it names otherwise: the launcher takes
+    them as flags too, and a key spelled so is told the field's name
+    (:func:`dressage.commands.error_message`)."""
+
     tp_size: int = Field(default=1, ge=1)
     """Tensor parallel size (slime's --tensor-model-parallel-size)."""
     cp_size: int = Field(default=1, ge=1)

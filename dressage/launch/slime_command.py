@@ -245,13 +245,29 @@ def _flags_in(argv: Sequence[str]) -> set[str]:
     return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
 
 
+# Flags the launcher sets from a field of another name (besides SLIME_SPELLINGS).
+_SET_FROM: Mapping[str, str] = {
+    "--mopd-metrics-dir": "output_dir",
+    "--use-dynamic-batch-size": "max_tokens_per_gpu",
+}
+
+
+def _owner(flag: str) -> str:
+    """Why ``flag`` may not follow ``--``: the run config field (and launcher flag) that sets
+    it, or that MOPD fixes it."""
+    spelled = {slime: name for name, slime in SLIME_SPELLINGS.items()}
+    name = spelled.get(flag) or _SET_FROM.get(flag) or flag[2:].replace("-", "_")
+    if name in MopdRunConfig.model_fields:
+        given = f"{_flag(name)} before -- (the run config's {name})"
+        return f"set by the launcher; give {given} instead"
+    return "set by the launcher to what MOPD needs; it cannot be changed"
+
+
 def _extra_arg_problems(extra: Sequence[str], *, owned: set[str]) -> list[Problem]:
     problems = []
     for flag in sorted(_flags_in(extra)):
         if flag in owned:
-            problems.append(
-                Problem(f"option {flag}", "set by the run config; change its field instead")
-            )
+            problems.append(Problem(f"option {flag}", _owner(flag)))
         if any(word in flag.lower() for word in _SECRET_WORDS):
             problems.append(
                 Problem(f"option {flag}", "credentials never go on the command line; export it")
@@ -328,12 +344,8 @@ def submit_argv(job: MopdJob, address: str) -> list[str]:
     ]
 
 
-# slime's (Megatron's) own spellings of the settings the launcher takes under shorter names.
-SLIME_SPELLINGS: Mapping[str, str] = {
-    "tp_size": "--tensor-model-parallel-size",
-    "cp_size": "--context-parallel-size",
-    "pp_size": "--pipeline-model-parallel-size",
-}
+SLIME_SPELLINGS = ClusterLayout.SLIME_SPELLINGS
+"""slime's (Megatron's) own spellings of the settings the launcher takes under shorter names."""
 _ENV_OF = MopdRunSettings.ENV
 _REQUIRED = ("mopd_config", "output_dir")
 

@@ -189,7 +189,7 @@ def test_extra_args_may_not_override_or_contradict_or_carry_secrets(tmp_path: Pa
     extra = ["--n-samples-per-prompt", "1", "--use-kl-loss", "--entropy-coef", "0.01"]
     extra += ["--wandb-key", "abc", "--lr", "1e-6"]
     message = _problems(tmp_path, extra_args=extra)
-    assert "option --n-samples-per-prompt: set by the run config" in message
+    assert "option --n-samples-per-prompt: set by the launcher; give --n-samples-per" in message
     assert "option --use-kl-loss:" in message
     assert "option --entropy-coef:" in message
     assert "option --wandb-key: credentials never go on the command line" in message
@@ -234,8 +234,8 @@ def test_topk_is_refused_beside_allgather_cp_and_a_rollout_top_p_below_one(
 
 def test_the_objective_flags_come_from_the_run_config_not_extra_args(tmp_path: Path) -> None:
     message = _problems(tmp_path, extra_args=["--mopd-topk", "4", "--mopd-objective", "topk"])
-    assert "option --mopd-topk: set by the run config" in message
-    assert "option --mopd-objective: set by the run config" in message
+    assert "option --mopd-topk: set by the launcher; give --mopd-topk before --" in message
+    assert "option --mopd-objective: set by the launcher; give --mopd-objective" in message
     message = _problems(tmp_path, mopd_objective="sampled", mopd_topk=4)
     assert "option --mopd-topk: --mopd-topk 4 needs --mopd-objective topk" in message
 
@@ -468,6 +468,26 @@ def test_slimes_own_spellings_of_the_layout_are_taken(
     printed = _command(capsys.readouterr().out)
     assert _value(printed, "--tensor-model-parallel-size") == "4"
     assert _value(printed, "--context-parallel-size") == "2"
+
+
+@pytest.mark.parametrize(
+    ("slime", "said"),
+    [
+        ("--tensor-model-parallel-size", "give --tp-size before -- (the run config's tp_size)"),
+        ("--pipeline-model-parallel-size", "give --pp-size before -- (the run config's pp_size)"),
+        ("--mopd-metrics-dir", "give --output-dir before -- (the run config's output_dir)"),
+        ("--use-dynamic-batch-size", "give --max-tokens-per-gpu before --"),
+        ("--num-rollout", "give --num-rollout before -- (the run config's num_rollout)"),
+        ("--loss-type", "set by the launcher to what MOPD needs; it cannot be changed"),
+    ],
+)
+def test_a_flag_the_launcher_sets_after_dash_dash_names_the_flag_to_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slime: str, said: str
+) -> None:
+    argv = ["--mopd-config", EMBEDDED, "--output-dir", str(tmp_path), "--no-check-imports"]
+    argv += ["--max-tokens-per-gpu", "4096"]  # the launcher then sets --use-dynamic-batch-size
+    assert main([*argv, "--dry-run", "--", slime, "2"]) == 1
+    assert f"option {slime}: {said}" in capsys.readouterr().err.replace("set by the launcher; ", "")
 
 
 @pytest.mark.parametrize(
