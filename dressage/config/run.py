@@ -147,9 +147,9 @@ class MopdRunConfig(ClusterLayout):
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
     """``--mopd-objective``; ``dense`` is refused here (embedded trainer only)."""
     mopd_topk: int | None = None
-    """``--mopd-topk`` K of the ``topk`` objective; None: ``DEFAULT_MOPD_TOPK``. Checked with the
-    objective (:func:`dressage.config.mopd.slime_objective_problems`: at least 1, ``topk`` only)
-    and against the student's vocabulary, each refusal naming the flag."""
+    """``--mopd-topk`` K of the ``topk`` objective: at least 1, ``topk`` only (checked with the
+    objective, :func:`dressage.config.mopd.slime_objective_problems`) and within the student's
+    vocabulary, each refusal naming the flag. None: ``DEFAULT_MOPD_TOPK``."""
     mopd_forward_kl_weight: float = 0.0
     """``--mopd-forward-kl-weight``: the forward KL's share of ``topk``'s per-token loss, in
     [0, 1] (checked with the objective)."""

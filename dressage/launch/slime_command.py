@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -354,11 +355,20 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# Fields whose None stands for a value: their help shows it as the default, not "None: NAME".
+_NONE_MEANS: Mapping[str, object] = {"mopd_topk": DEFAULT_MOPD_TOPK}
+_SPHINX_ROLE = re.compile(r":[a-z]+:`~?([^`]*)`")
+
+
 def _field_help(name: str) -> str:
+    """The field's docstring as plain help text: no Sphinx roles or literals, and its default."""
     info = MopdRunConfig.model_fields[name]
-    text = " ".join((info.description or "").split()).replace("``", "").replace("%", "%%")
-    if info.default is not None and not info.is_required():
-        shown = DEFAULT_MOPD_TOPK if name == "mopd_topk" else info.default
+    text = _SPHINX_ROLE.sub(r"\1", " ".join((info.description or "").split()))
+    text = text.replace("``", "").replace("%", "%%")
+    shown = _NONE_MEANS.get(name, info.default)
+    if name in _NONE_MEANS:
+        text = re.sub(r"\s*None: [^.;]*[.;]?", "", text)
+    if shown is not None and not info.is_required():
         text += f" (default: {shown})"
     if name in _ENV_OF:
         text += f" [env {_ENV_OF[name]}]"

@@ -545,3 +545,20 @@ def test_a_fresh_clone_is_told_to_build_the_tiny_checkpoints_first(
 
 
 UNBUILT_TEACHER = "tiny-sft:task=lookup,base=generalist,steps=7,batch_size=3,examples=977"
+
+
+def test_every_flags_help_is_plain_text_and_shows_its_default() -> None:
+    """The help is read in a terminal: no Sphinx roles or literals; a None default that stands
+    for a value (--mopd-topk's K) shows that value."""
+    import re
+
+    from dressage.config.run import DEFAULT_MOPD_TOPK
+    from dressage.launch.slime_command import _parser
+
+    helps = {a.option_strings[0]: a.help or "" for a in _parser({})._actions}
+    assert len(helps) > 30
+    for flag, text in helps.items():
+        assert "`" not in text and not re.search(r":[a-z]+:", text), (flag, text)
+    assert helps["--mopd-topk"].endswith(f"(default: {DEFAULT_MOPD_TOPK})")
+    assert "None" not in helps["--mopd-topk"] and "DEFAULT_MOPD_TOPK" not in helps["--mopd-topk"]
+    assert helps["--mopd-objective"].endswith("(default: topk)")
