@@ -56,7 +56,7 @@ from dressage.config.run import (
     MopdRunSettings,
     RaySubmitSettings,
 )
-from dressage.launch.preflight import not_built
+from dressage.launch.preflight import not_built, partial_config
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 from dressage.tiny.checkpoints import resolve_checkpoint
 
@@ -123,13 +123,25 @@ def build_mopd_command(
 
 
 def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = None) -> MopdJob:
-    """Validate everything, then build the job; raise :class:`MopdConfigError` listing all."""
+    """Validate everything, then build the job; raise :class:`MopdConfigError` listing all.
+
+    A config that does not load still has its checkpoints checked (those of the student and
+    teachers that load on their own) with the run's own options, as ``dressage mopd check``
+    does: one attempt shows every problem."""
     from dressage.training.checkpoints import validate_mopd_checkpoints
 
     env = dict(os.environ if environ is None else environ)
     out = Path(run.output_dir).expanduser().resolve()
-    config = load_mopd_config(run.mopd_config)  # raises with every config problem
     problems: list[Problem] = []
+    try:
+        config: MopdConfig | None = load_mopd_config(run.mopd_config)
+    except MopdConfigError as exc:  # still check what does not need the config, as mopd check
+        problems += exc.problems
+        config = None
+    loaded = config is not None
+    if config is None:
+        # the student and teachers that load on their own (partial_config), as mopd check does
+        config = partial_config(run.mopd_config) or MopdConfig(teachers={}, datasets=[])
     try:
         config = config.materialize(resolve_checkpoint)
     except ValueError as exc:
@@ -144,17 +156,19 @@ def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = No
     problems += _extra_arg_problems(run.extra_args, owned=_flags_in(base) | _OBJECTIVE_FLAGS)
     argv = base + list(run.extra_args)
     view = _args_view(run, argv)
-    report = validate_mopd_run(config, view, check_imports=run.check_imports, environ=env)
-    problems += report.problems
+    if loaded:
+        report = validate_mopd_run(config, view, check_imports=run.check_imports, environ=env)
+        problems += report.problems
     problems += slime_objective_problems(view)
     k = DEFAULT_MOPD_TOPK if run.mopd_topk is None else run.mopd_topk
-    problems += validate_mopd_checkpoints(
-        config,
-        hf_checkpoint=hf,
-        ref_load=ref,
-        ckpt_step=step,
-        mopd_topk=k if run.mopd_objective == "topk" else None,
-    )
+    if loaded or config.teachers or config.student:
+        problems += validate_mopd_checkpoints(
+            config,
+            hf_checkpoint=hf,
+            ref_load=ref,
+            ckpt_step=step,
+            mopd_topk=k if run.mopd_objective == "topk" else None,
+        )
     problems += _wandb_problems(run, env)
     if problems:
         problems = not_built(config, run.mopd_config, problems)

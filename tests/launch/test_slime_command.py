@@ -562,3 +562,30 @@ def test_every_flags_help_is_plain_text_and_shows_its_default() -> None:
     assert helps["--mopd-topk"].endswith(f"(default: {DEFAULT_MOPD_TOPK})")
     assert "None" not in helps["--mopd-topk"] and "DEFAULT_MOPD_TOPK" not in helps["--mopd-topk"]
     assert helps["--mopd-objective"].endswith("(default: topk)")
+
+
+def test_a_config_that_does_not_load_still_has_its_checkpoints_checked_as_mopd_check_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelled dataset key does not hide an unbuilt teacher: the launcher lists both, as
+    `dressage mopd check` does, and exits as it does."""
+    from dressage.launch.preflight import main as mopd_check
+
+    config = json.loads(Path(EMBEDDED).read_text())
+    config["teachers"]["lookup"]["load"] = UNBUILT_TEACHER
+    config["datasets"][0]["wieght"] = config["datasets"][0].pop("weight")
+    path = tmp_path / "mopd.json"
+    path.write_text(json.dumps(config))
+    argv = ["--mopd-config", str(path), "--output-dir", str(tmp_path / "out"), "--dry-run"]
+    launched = main(argv)
+    launcher = capsys.readouterr().err
+    checked = mopd_check([str(path)])
+    check = capsys.readouterr().err
+    assert launched == checked == 1
+    for err in (launcher, check):
+        assert "wieght: is not a known key (did you mean 'weight'?)" in err, err
+        assert f"run `dressage assets --config {path}` first" in err, err
+        assert err.count("not built yet") == 1, err
+    said = sorted(line for line in launcher.splitlines() if line.startswith("  - "))
+    assert said == sorted(line for line in check.splitlines() if line.startswith("  - "))
+    assert len(said) == 3  # the unknown key, the weight it leaves missing, the unbuilt teacher
