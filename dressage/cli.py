@@ -4,7 +4,7 @@
     dressage artifacts show URL         # a readable summary of an artifact folder
     dressage engine serve --model PATH  # the embedded SGLang-compatible engine
     dressage proxy serve --engine-url URL  # the recording proxy (same as dressage-proxy)
-    dressage mopd check CONFIG...       # can this MOPD config train? (config, routes, checkpoints)
+    dressage mopd check [CONFIG...]     # can this MOPD config train? (config, routes, checkpoints)
     dressage mopd launch ...            # build (and run) slime's MOPD command line
     dressage demo                       # dressage_mopd end to end through Airflow (make demo)
     dressage assets [--config CONFIG]   # build the offline tokenizers, tiny model, tiny teachers

@@ -200,6 +200,17 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
+def _slime_spelling(model: type[BaseModel] | None, word: str) -> tuple[str, str] | None:
+    """(key, slime's flag) when ``word`` is slime's spelling of a key of ``model`` (its
+    ``SLIME_SPELLINGS``: key -> flag), as ``tensor_model_parallel_size`` is of ``tp_size``."""
+    spellings: Mapping[str, str] = getattr(model, "SLIME_SPELLINGS", {})
+    said = word.lstrip("-").replace("-", "_")
+    return next(
+        ((key, flag) for key, flag in spellings.items() if flag[2:].replace("-", "_") == said),
+        None,
+    )
+
+
 def error_message(err: Mapping[str, Any], model: type[BaseModel]) -> str:
     """What one pydantic error says of its field, as the rest of a sentence that names it:
     ``is required``, ``is not a known key (did you mean 'load'?)``, ``must be ..., got X``."""
@@ -211,6 +222,10 @@ def error_message(err: Mapping[str, Any], model: type[BaseModel]) -> str:
         owner = _model_at(model, loc)
         known = sorted(owner.model_fields) if owner else []
         hint = did_you_mean(str(loc[-1]), known) if loc else ""
+        spelled = _slime_spelling(owner, str(loc[-1])) if loc else None
+        if spelled:
+            key, flag = spelled
+            hint = f" (did you mean {key!r}, slime's {flag}?)"
         return f"is not a known key{hint}"
     if kind in {"dict_type", "model_type"}:
         return f"must be a JSON object, got {_shown(err['input'])}"

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dressage.config.mopd_files import pydantic_problems, resolve_paths
 from dressage.config.mopd_path import MOPD_CONFIG_ENV, mopd_config_path
 from dressage.config.problems import MopdConfigError, MopdReport, Problem
+from dressage.slime.mopd_args import mopd_args
 
 __all__ = [
     "MOPD_HOOKS",
@@ -421,11 +422,16 @@ def slime_objective_problems(args: Any) -> list[Problem]:
     ``--allgather-cp`` (its support follows slime's zigzag context-parallel layout) or
     ``--rollout-top-p`` below 1 (slime's top-p replay masks the log-probs it is built from).
     ``--mopd-topk`` against the vocabulary is checked with the checkpoints
-    (:func:`dressage.training.checkpoints.validate_mopd_checkpoints`)."""
-    objective = getattr(args, "mopd_objective", None) or "sampled"
-    k = getattr(args, "mopd_topk", None)
-    b = getattr(args, "mopd_forward_kl_weight", None) or 0.0
-    top_p = getattr(args, "rollout_top_p", None)
+    (:func:`dressage.training.checkpoints.validate_mopd_checkpoints`).
+
+    ``args`` is read as the hooks read it (:func:`dressage.slime.mopd_args.mopd_args`), so what
+    is checked is what runs: an ``args`` without ``mopd_objective`` (slime's parser without the
+    MOPD flags) is checked as ``sampled``, the objective the hooks then run, not the project's
+    default (``topk``), which only ``dressage.training.mopd_train``'s parser and the launcher,
+    always passing ``--mopd-objective``, give."""
+    view = mopd_args(args)
+    objective, k, b = view.mopd_objective, view.mopd_topk, view.mopd_forward_kl_weight
+    top_p = view.rollout_top_p
     problems: list[Problem] = []
 
     def bad(flag: str, sentence: str) -> None:
@@ -458,14 +464,14 @@ def slime_objective_problems(args: Any) -> list[Problem]:
             "'sampled'): the sampled objective has no teacher distribution to take a "
             "forward KL against",
         )
-    if objective == "topk" and getattr(args, "allgather_cp", False):
+    if objective == "topk" and view.allgather_cp:
         bad(
             "--allgather-cp",
             "--mopd-objective topk cannot run with --allgather-cp: its teacher support and "
             "loss follow slime's zigzag context-parallel layout, which --allgather-cp replaces "
             "with another; drop --allgather-cp or use --mopd-objective sampled",
         )
-    if objective == "topk" and top_p is not None and top_p < 1.0:
+    if objective == "topk" and top_p < 1.0:
         bad(
             "--rollout-top-p",
             f"--mopd-objective topk cannot run with --rollout-top-p {top_p} (below 1): "

@@ -59,6 +59,15 @@ class ClusterLayout(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
+    SLIME_SPELLINGS: ClassVar[Mapping[str, str]] = {
+        "tp_size": "--tensor-model-parallel-size",
+        "cp_size": "--context-parallel-size",
+        "pp_size": "--pipeline-model-parallel-size",
+    }
+    """slime's (Megatron's) own spellings of the fields it names otherwise: the launcher takes
+    them as flags too, and a key spelled so is told the field's name
+    (:func:`dressage.commands.error_message`)."""
+
     tp_size: int = Field(default=1, ge=1)
     """Tensor parallel size (slime's --tensor-model-parallel-size)."""
     cp_size: int = Field(default=1, ge=1)
@@ -138,9 +147,9 @@ class MopdRunConfig(ClusterLayout):
     mopd_objective: MopdObjective = DEFAULT_MOPD_OBJECTIVE
     """``--mopd-objective``; ``dense`` is refused here (embedded trainer only)."""
     mopd_topk: int | None = None
-    """``--mopd-topk`` K of the ``topk`` objective; None: ``DEFAULT_MOPD_TOPK``. Checked with the
-    objective (:func:`dressage.config.mopd.slime_objective_problems`: at least 1, ``topk`` only)
-    and against the student's vocabulary, each refusal naming the flag."""
+    """``--mopd-topk`` K of the ``topk`` objective: at least 1, ``topk`` only (checked with the
+    objective, :func:`dressage.config.mopd.slime_objective_problems`) and within the student's
+    vocabulary, each refusal naming the flag. Unset, K is the default of 16."""
     mopd_forward_kl_weight: float = 0.0
     """``--mopd-forward-kl-weight``: the forward KL's share of ``topk``'s per-token loss, in
     [0, 1] (checked with the objective)."""

@@ -15,10 +15,10 @@ Three parts, usable one by one (the validation DAG runs them as separate tasks):
   (``dense`` is embedded-only: on ``ray`` it names the memory it would need; ``topk`` beside
   neither ``--allgather-cp`` nor a top-p below 1, its K within the student's vocabulary).
 
-This is the one check of a MOPD config: ``dressage mopd check CONFIG...`` runs :func:`preflight`,
-the training DAGs' ``validate`` task runs it, and ``dressage_validate`` runs its three parts as
-three tasks. A ``tiny-sft:`` teacher that is not built yet is reported as not built (naming
-``dressage assets``), never trained here::
+This is the one check of a MOPD config: ``dressage mopd check [CONFIG...]`` (no CONFIG:
+``$DRESSAGE_MOPD_TEACHER_CONFIG``) runs :func:`preflight`, the training DAGs' ``validate`` task
+runs it, and ``dressage_validate`` runs its three parts as three tasks. A ``tiny-sft:`` teacher
+that is not built yet is reported as not built (naming ``dressage assets``), never trained here::
 
     dressage mopd check configs/mopd/embedded.json [--student PATH] [--objective grpo] [--json]
     dressage mopd check configs/mopd/embedded.json --backend ray --mopd-objective topk \\
@@ -47,6 +47,7 @@ from dressage.config.mopd import (
     slime_options,
     validate_mopd_run,
 )
+from dressage.config.mopd_path import MOPD_CONFIG_ENV, mopd_config_path
 from dressage.config.run import DEFAULT_MOPD_OBJECTIVE, DEFAULT_MOPD_TOPK, MOPD_OBJECTIVES
 from dressage.tiny.checkpoints import (
     TEACHER_PREFIX,
@@ -359,7 +360,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Check MOPD configs: the config, routes, rewards, checkpoints, teachers' "
         "skill. Exit 1 listing every problem.",
     )
-    parser.add_argument("configs", nargs="+", metavar="CONFIG", help="MOPD config JSON file(s)")
+    parser.add_argument(
+        "configs",
+        nargs="*",
+        metavar="CONFIG",
+        help=f"MOPD config JSON file(s) (default: ${MOPD_CONFIG_ENV})",
+    )
     parser.add_argument("--student", default=None, help="student checkpoint (default: config's)")
     parser.add_argument(
         "--objective", choices=["mopd", "grpo"], default="mopd", help="what the run trains"
@@ -374,9 +380,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--mopd-objective",
         choices=MOPD_OBJECTIVES,
-        default=None,
-        help=f"also check this MOPD objective's settings on --backend (the job's default: "
-        f"{DEFAULT_MOPD_OBJECTIVE})",
+        default=DEFAULT_MOPD_OBJECTIVE,
+        help="the MOPD objective whose settings (--mopd-topk, --mopd-forward-kl-weight) are "
+        "checked on --backend, as the launcher checks them (default: %(default)s, the job's)",
     )
     parser.add_argument(
         "--mopd-topk",
@@ -409,12 +415,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``dressage mopd check CONFIG... [--student PATH] [--objective grpo] [--json]``: exit 0
+    """``dressage mopd check [CONFIG...] [--student PATH] [--objective grpo] [--json]``: exit 0
     when every config can train, 1 listing every problem of each (on stderr; ``--json``: each
-    report, one JSON object per line of stdout)."""
-    args = _parser().parse_args(argv)
+    report, one JSON object per line of stdout). No CONFIG: ``$DRESSAGE_MOPD_TEACHER_CONFIG``;
+    the MOPD objective's settings are checked against ``--mopd-objective``, the job's default
+    unless given, as the launcher checks them."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    # no CONFIG: the variable, as the launcher's --mopd-config and mopd_train read it
+    configs = args.configs or [p for p in [mopd_config_path(None, given_as="CONFIG")] if p]
+    if not configs:
+        parser.error(f"no MOPD config given: name CONFIG or set {MOPD_CONFIG_ENV}")
     failed = False
-    for path in args.configs:
+    for path in configs:
         report = preflight(
             path,
             objective=args.objective,

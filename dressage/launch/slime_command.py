@@ -55,7 +55,7 @@ from dressage.config.run import (
     MopdRunSettings,
     RaySubmitSettings,
 )
-from dressage.launch.preflight import not_built
+from dressage.launch.preflight import not_built, partial_config
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
 from dressage.tiny.checkpoints import resolve_checkpoint
 
@@ -122,13 +122,25 @@ def build_mopd_command(
 
 
 def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = None) -> MopdJob:
-    """Validate everything, then build the job; raise :class:`MopdConfigError` listing all."""
+    """Validate everything, then build the job; raise :class:`MopdConfigError` listing all.
+
+    A config that does not load still has its checkpoints checked (those of the student and
+    teachers that load on their own) with the run's own options, as ``dressage mopd check``
+    does: one attempt shows every problem."""
     from dressage.training.checkpoints import validate_mopd_checkpoints
 
     env = dict(os.environ if environ is None else environ)
     out = Path(run.output_dir).expanduser().resolve()
-    config = load_mopd_config(run.mopd_config)  # raises with every config problem
     problems: list[Problem] = []
+    try:
+        config: MopdConfig | None = load_mopd_config(run.mopd_config)
+    except MopdConfigError as exc:  # still check what does not need the config, as mopd check
+        problems += exc.problems
+        config = None
+    loaded = config is not None
+    if config is None:
+        # the student and teachers that load on their own (partial_config), as mopd check does
+        config = partial_config(run.mopd_config) or MopdConfig(teachers={}, datasets=[])
     try:
         config = config.materialize(resolve_checkpoint)
     except ValueError as exc:
@@ -143,17 +155,19 @@ def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = No
     problems += _extra_arg_problems(run.extra_args, owned=_flags_in(base) | _OBJECTIVE_FLAGS)
     argv = base + list(run.extra_args)
     view = _args_view(run, argv)
-    report = validate_mopd_run(config, view, check_imports=run.check_imports, environ=env)
-    problems += report.problems
+    if loaded:
+        report = validate_mopd_run(config, view, check_imports=run.check_imports, environ=env)
+        problems += report.problems
     problems += slime_objective_problems(view)
     k = DEFAULT_MOPD_TOPK if run.mopd_topk is None else run.mopd_topk
-    problems += validate_mopd_checkpoints(
-        config,
-        hf_checkpoint=hf,
-        ref_load=ref,
-        ckpt_step=step,
-        mopd_topk=k if run.mopd_objective == "topk" else None,
-    )
+    if loaded or config.teachers or config.student:
+        problems += validate_mopd_checkpoints(
+            config,
+            hf_checkpoint=hf,
+            ref_load=ref,
+            ckpt_step=step,
+            mopd_topk=k if run.mopd_objective == "topk" else None,
+        )
     problems += _wandb_problems(run, env)
     if problems:
         problems = not_built(config, run.mopd_config, problems)
@@ -245,13 +259,29 @@ def _flags_in(argv: Sequence[str]) -> set[str]:
     return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
 
 
+# Flags the launcher sets from a field of another name (besides SLIME_SPELLINGS).
+_SET_FROM: Mapping[str, str] = {
+    "--mopd-metrics-dir": "output_dir",
+    "--use-dynamic-batch-size": "max_tokens_per_gpu",
+}
+
+
+def _owner(flag: str) -> str:
+    """Why ``flag`` may not follow ``--``: the run config field (and launcher flag) that sets
+    it, or that MOPD fixes it."""
+    spelled = {slime: name for name, slime in SLIME_SPELLINGS.items()}
+    name = spelled.get(flag) or _SET_FROM.get(flag) or flag[2:].replace("-", "_")
+    if name in MopdRunConfig.model_fields:
+        given = f"{_flag(name)} before -- (the run config's {name})"
+        return f"set by the launcher; give {given} instead"
+    return "set by the launcher to what MOPD needs; it cannot be changed"
+
+
 def _extra_arg_problems(extra: Sequence[str], *, owned: set[str]) -> list[Problem]:
     problems = []
     for flag in sorted(_flags_in(extra)):
         if flag in owned:
-            problems.append(
-                Problem(f"option {flag}", "set by the run config; change its field instead")
-            )
+            problems.append(Problem(f"option {flag}", _owner(flag)))
         if any(word in flag.lower() for word in _SECRET_WORDS):
             problems.append(
                 Problem(f"option {flag}", "credentials never go on the command line; export it")
@@ -328,12 +358,8 @@ def submit_argv(job: MopdJob, address: str) -> list[str]:
     ]
 
 
-# slime's (Megatron's) own spellings of the settings the launcher takes under shorter names.
-SLIME_SPELLINGS: Mapping[str, str] = {
-    "tp_size": "--tensor-model-parallel-size",
-    "cp_size": "--context-parallel-size",
-    "pp_size": "--pipeline-model-parallel-size",
-}
+SLIME_SPELLINGS = ClusterLayout.SLIME_SPELLINGS
+"""slime's (Megatron's) own spellings of the settings the launcher takes under shorter names."""
 _ENV_OF = MopdRunSettings.ENV
 _REQUIRED = ("mopd_config", "output_dir")
 
@@ -342,9 +368,14 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+_NONE_MEANS: Mapping[str, object] = {"mopd_topk": DEFAULT_MOPD_TOPK}
+"""Fields whose None stands for a value: their help shows that value as the default."""
+
+
 def _field_help(name: str) -> str:
+    """The field's docstring as plain help text, with its default and its variable."""
     info = MopdRunConfig.model_fields[name]
-    shown = DEFAULT_MOPD_TOPK if name == "mopd_topk" else info.default
+    shown = _NONE_MEANS.get(name, info.default)
     return field_help(info, env=_ENV_OF.get(name), default=shown)
 
 

@@ -7,7 +7,9 @@ are the hooks' readings of an absent flag: ``sampled`` for the objective (the pa
 ``dressage.config.run.DEFAULT_MOPD_OBJECTIVE``), and None for the top-k width and the advantage
 clip (their modules' defaults apply: ``dressage.config.run.DEFAULT_MOPD_TOPK``,
 ``dressage.training.mopd_loss.DEFAULT_ADVANTAGE_CLIP``). Values are read, not checked:
-``mopd_objective()`` and ``mopd_topk()`` in ``dressage.training`` check them.
+``mopd_objective()`` and ``mopd_topk()`` in ``dressage.training`` check them, and
+``dressage.config.mopd.slime_objective_problems`` checks the objective before launch from this
+same reading, so that what is checked is what runs.
 """
 
 from __future__ import annotations

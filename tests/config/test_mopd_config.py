@@ -309,6 +309,32 @@ def test_what_slime_cannot_train_of_the_objective_is_one_sentence_naming_the_fla
     assert sentence in problem.message and problem.message.count(". ") == 0  # one sentence
 
 
+def test_the_objective_check_reads_args_as_the_hooks_run_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One reading of slime's args (mopd_args): an args without mopd_objective (slime's parser
+    without the MOPD flags) runs sampled in the hooks and is checked as sampled; mopd_train's
+    parser always sets it, to the project's default (topk)."""
+    import argparse
+
+    import dressage.config.mopd as mopd_module
+    from dressage.config.run import DEFAULT_MOPD_OBJECTIVE
+    from dressage.slime.mopd_args import mopd_args
+    from dressage.training.mopd_dense import mopd_objective
+    from dressage.training.mopd_train import add_mopd_arguments
+
+    read: list[object] = []
+    monkeypatch.setattr(mopd_module, "mopd_args", lambda args: read.append(args) or mopd_args(args))
+    plain = SimpleNamespace(mopd_topk=4)
+    (problem,) = slime_objective_problems(plain)
+    assert read == [plain]  # read through the typed view, not attribute by attribute
+    assert "needs --mopd-objective topk (got 'sampled')" in problem.message
+    assert mopd_objective(argparse.Namespace(**vars(plain))) == "sampled"  # what runs
+    ours = add_mopd_arguments(argparse.ArgumentParser()).parse_args(["--mopd-topk", "4"])
+    assert ours.mopd_objective == DEFAULT_MOPD_OBJECTIVE == "topk"
+    assert slime_objective_problems(ours) == []
+
+
 def test_dense_on_slime_names_its_memory_and_points_to_topk() -> None:
     (problem,) = slime_objective_problems(SimpleNamespace(mopd_objective="dense"))
     assert "embedded-only" in problem.message and "full log-softmax" in problem.message

@@ -217,3 +217,22 @@ def test_the_job_saves_every_save_interval_steps_and_loads_its_own_checkpoints(
     assert args.save_interval == 3 and args.start_rollout_id is None  # the checkpoint's, if any
     with pytest.raises(ValueError, match="save_interval"):
         JobOptions.model_validate({"save_interval": 0})
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "flag"),
+    [
+        ("tensor_model_parallel_size", "tp_size", "--tensor-model-parallel-size"),
+        ("context-parallel-size", "cp_size", "--context-parallel-size"),
+        ("pipeline_model_parallel_size", "pp_size", "--pipeline-model-parallel-size"),
+    ],
+)
+def test_slimes_spelling_of_a_cluster_key_names_the_key_to_use(
+    tmp_path: Path, key: str, field: str, flag: str
+) -> None:
+    from dressage.config.job import advanced_problems
+
+    (refused,) = advanced_problems(_ray(_run(tmp_path, cluster={key: 2})))
+    assert refused == (
+        f"advanced.cluster.{key} is not a known key (did you mean {field!r}, slime's {flag}?)"
+    )

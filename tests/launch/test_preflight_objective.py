@@ -85,3 +85,39 @@ def test_topk_beside_an_option_it_cannot_honour_names_both() -> None:
     )
     assert "--mopd-objective topk" in problem.message and "--rollout-top-p 0.9" in problem.message
     assert objective_problems(backend="embedded", mopd_objective="dense") == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--mopd-topk", "0"], "--mopd-topk 0 is below 1"),
+        (["--mopd-forward-kl-weight", "7"], "--mopd-forward-kl-weight 7.0 is outside [0, 1]"),
+        (["--mopd-objective", "sampled", "--mopd-topk", "4"], "needs --mopd-objective topk"),
+    ],
+    ids=["topk-below-one", "weight-beyond-one", "topk-beside-sampled"],
+)
+def test_the_objectives_settings_are_checked_against_the_jobs_default_objective(
+    config: str, capsys: pytest.CaptureFixture[str], flags: list[str], says: str
+) -> None:
+    """Without --mopd-objective the settings are checked against the objective the launcher
+    runs by default (topk), as the launcher checks them."""
+    code, text = _check(config, capsys, *flags)
+    assert code == 1 and says in text, text
+    code, text = _check(config, capsys, "--mopd-topk", "4", "--mopd-forward-kl-weight", "0.5")
+    assert code == 0, text
+
+
+def test_config_falls_back_to_the_variable_and_its_absence_is_one_sentence(
+    config: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", config)
+    assert main([]) == 0
+    assert f"ok: {config}:" in capsys.readouterr().out
+    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG")
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(
+        "error: no MOPD config given: name CONFIG or set DRESSAGE_MOPD_TEACHER_CONFIG"
+    )

@@ -189,7 +189,7 @@ def test_extra_args_may_not_override_or_contradict_or_carry_secrets(tmp_path: Pa
     extra = ["--n-samples-per-prompt", "1", "--use-kl-loss", "--entropy-coef", "0.01"]
     extra += ["--wandb-key", "abc", "--lr", "1e-6"]
     message = _problems(tmp_path, extra_args=extra)
-    assert "option --n-samples-per-prompt: set by the run config" in message
+    assert "option --n-samples-per-prompt: set by the launcher; give --n-samples-per" in message
     assert "option --use-kl-loss:" in message
     assert "option --entropy-coef:" in message
     assert "option --wandb-key: credentials never go on the command line" in message
@@ -234,8 +234,8 @@ def test_topk_is_refused_beside_allgather_cp_and_a_rollout_top_p_below_one(
 
 def test_the_objective_flags_come_from_the_run_config_not_extra_args(tmp_path: Path) -> None:
     message = _problems(tmp_path, extra_args=["--mopd-topk", "4", "--mopd-objective", "topk"])
-    assert "option --mopd-topk: set by the run config" in message
-    assert "option --mopd-objective: set by the run config" in message
+    assert "option --mopd-topk: set by the launcher; give --mopd-topk before --" in message
+    assert "option --mopd-objective: set by the launcher; give --mopd-objective" in message
     message = _problems(tmp_path, mopd_objective="sampled", mopd_topk=4)
     assert "option --mopd-topk: --mopd-topk 4 needs --mopd-objective topk" in message
 
@@ -495,6 +495,26 @@ def test_slimes_own_spellings_of_the_layout_are_taken(
 
 
 @pytest.mark.parametrize(
+    ("slime", "said"),
+    [
+        ("--tensor-model-parallel-size", "give --tp-size before -- (the run config's tp_size)"),
+        ("--pipeline-model-parallel-size", "give --pp-size before -- (the run config's pp_size)"),
+        ("--mopd-metrics-dir", "give --output-dir before -- (the run config's output_dir)"),
+        ("--use-dynamic-batch-size", "give --max-tokens-per-gpu before --"),
+        ("--num-rollout", "give --num-rollout before -- (the run config's num_rollout)"),
+        ("--loss-type", "set by the launcher to what MOPD needs; it cannot be changed"),
+    ],
+)
+def test_a_flag_the_launcher_sets_after_dash_dash_names_the_flag_to_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slime: str, said: str
+) -> None:
+    argv = ["--mopd-config", EMBEDDED, "--output-dir", str(tmp_path), "--no-check-imports"]
+    argv += ["--max-tokens-per-gpu", "4096"]  # the launcher then sets --use-dynamic-batch-size
+    assert main([*argv, "--dry-run", "--", slime, "2"]) == 1
+    assert f"option {slime}: {said}" in capsys.readouterr().err.replace("set by the launcher; ", "")
+
+
+@pytest.mark.parametrize(
     ("extra", "said"),
     [
         (["--tp-sise", "2"], "unrecognized option --tp-sise (did you mean '--tp-size'?)"),
@@ -584,3 +604,47 @@ def test_the_readme_builds_the_assets_before_the_cluster_dry_run() -> None:
         and command.endswith("--dry-run")
     )
     assert assets < launch
+
+
+def test_every_flags_help_is_plain_text_and_shows_its_default() -> None:
+    """The help is read in a terminal: no Sphinx roles or literals; a None default that stands
+    for a value (--mopd-topk's K) shows that value."""
+    import re
+
+    from dressage.config.run import DEFAULT_MOPD_TOPK
+    from dressage.launch.slime_command import _parser
+
+    helps = {a.option_strings[0]: a.help or "" for a in _parser({})._actions}
+    assert len(helps) > 30
+    for flag, text in helps.items():
+        assert "`" not in text and not re.search(r":[a-z]+:", text), (flag, text)
+    assert helps["--mopd-topk"].endswith(f"(default: {DEFAULT_MOPD_TOPK})")
+    assert "None" not in helps["--mopd-topk"] and "DEFAULT_MOPD_TOPK" not in helps["--mopd-topk"]
+    assert helps["--mopd-objective"].endswith("(default: topk)")
+
+
+def test_a_config_that_does_not_load_still_has_its_checkpoints_checked_as_mopd_check_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelled dataset key does not hide an unbuilt teacher: the launcher lists both, as
+    `dressage mopd check` does, and exits as it does."""
+    from dressage.launch.preflight import main as mopd_check
+
+    config = json.loads(Path(EMBEDDED).read_text())
+    config["teachers"]["lookup"]["load"] = UNBUILT_TEACHER
+    config["datasets"][0]["wieght"] = config["datasets"][0].pop("weight")
+    path = tmp_path / "mopd.json"
+    path.write_text(json.dumps(config))
+    argv = ["--mopd-config", str(path), "--output-dir", str(tmp_path / "out"), "--dry-run"]
+    launched = main(argv)
+    launcher = capsys.readouterr().err
+    checked = mopd_check([str(path)])
+    check = capsys.readouterr().err
+    assert launched == checked == 1
+    for err in (launcher, check):
+        assert "wieght: is not a known key (did you mean 'weight'?)" in err, err
+        assert f"run `dressage assets --config {path}` first" in err, err
+        assert err.count("not built yet") == 1, err
+    said = sorted(line for line in launcher.splitlines() if line.startswith("  - "))
+    assert said == sorted(line for line in check.splitlines() if line.startswith("  - "))
+    assert len(said) == 3  # the unknown key, the weight it leaves missing, the unbuilt teacher
