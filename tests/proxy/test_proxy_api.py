@@ -94,7 +94,7 @@ def test_an_unknown_family_is_refused_naming_every_spelling(
     assert exit_info.value.code == 2 and "invalid choice: 'qwen4'" in capsys.readouterr().err
     help_text = " ".join(parser().format_help().split())
     assert "--tito-model {qwen3.5,qwen3_5,qwen3,llama3,deepseek,generic}" in help_text
-    assert "qwen3_5 is the same family" in help_text
+    assert "qwen3.5 (also spelled qwen3_5)" in help_text
 
 
 @pytest.mark.parametrize(
