@@ -1,7 +1,7 @@
 # Dressage developer entry points. Every target bootstraps .venv first (seconds when ready).
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-PYTEST_ARGS ?= -n 2 --dist loadfile
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1

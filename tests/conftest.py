@@ -27,6 +27,37 @@ if (_megatron_lm := megatron_lm_root()) is not None:
     sys.path.append(str(_megatron_lm))
 
 
+LONGEST_FIRST = (
+    "tests/e2e/test_mopd_transfer.py",
+    "tests/test_chaos_script.py",
+    "tests/e2e/test_airflow_ui.py",
+    "tests/airflow/test_continue_from.py",
+    "tests/jobs/test_train_job.py",
+    "tests/e2e/test_demo.py",
+    "tests/proxy/test_proxy_fuzz.py",
+    "tests/examples/test_third_task.py",
+)
+"""Files whose tests take minutes, longest first. They are collected first, so that xdist starts
+them first (``make test``'s ``--dist loadfile --no-loadscope-reorder`` hands files out in
+collection order; xdist's own reorder puts files with many tests first, and so these last): started
+last, one of them kept one worker busy for minutes while the other had nothing left to run."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+
+    def order(item: pytest.Item) -> int:
+        path = Path(str(item.path))
+        return (
+            rank.get(path.relative_to(root).as_posix(), len(rank))
+            if root in path.parents
+            else len(rank)
+        )
+
+    items.sort(key=order)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def qwen35_tokenizer():  # type: ignore[no-untyped-def]
     from dressage.assets import load_tokenizer
