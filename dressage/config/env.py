@@ -50,9 +50,15 @@ _DECLARED = [
         "Key the embedded engine requires on every route but health (SGLang's --api-key).",
     ),
     EnvVar(
+        "DRESSAGE_MOPD_CONFIG",
+        None,
+        "Path of the MOPD JSON config (teachers, datasets, reward modules): the variable of "
+        "--mopd-config.",
+    ),
+    EnvVar(
         "DRESSAGE_MOPD_TEACHER_CONFIG",
         None,
-        "Path of the MOPD JSON config (teachers, datasets, reward modules).",
+        "Deprecated spelling of DRESSAGE_MOPD_CONFIG (read when that is unset).",
     ),
     EnvVar(
         "DRESSAGE_MOPD_SCHEDULE",
