@@ -51,7 +51,7 @@ def env_main(argv: Sequence[str]) -> int:
     print("\n# the MOPD launcher's variables (the names of slime's launch scripts)")
     for name, doc in launcher_variables():
         print(f"{name}=\n    {doc}")
-    print("\n# other variables the scripts, make targets and libraries read")
+    print("\n# other variables the scripts, make targets, Dockerfiles and libraries read")
     for name, doc in sorted(OTHER_VARIABLES.items()):
         print(f"{name}=\n    {doc}")
     return 0

@@ -8,12 +8,12 @@
 #
 # The script has no defaults of its own. Each setting is the launcher's
 # (python -m dressage.launch.slime_command, the same builder the Airflow DAG's Ray job uses):
-# a flag before -- wins over its variable (DRESSAGE_MOPD_TEACHER_CONFIG, OUTPUT_DIR, TP_SIZE,
+# a flag before -- wins over its variable (DRESSAGE_MOPD_CONFIG, OUTPUT_DIR, TP_SIZE,
 # NUM_ROLLOUT, ROLLOUT_BATCH_SIZE, ...), and the variable over the launcher's default
 # (docs/settings.md; `dressage env` lists the variables). A Qwen3.5 student on one 8-GPU node,
 # for example:
 #
-#   DRESSAGE_MOPD_TEACHER_CONFIG=/mnt/nfs/mopd.json OUTPUT_DIR=/mnt/nfs/runs/qwen3.5-sync \
+#   DRESSAGE_MOPD_CONFIG=/mnt/nfs/mopd.json OUTPUT_DIR=/mnt/nfs/runs/qwen3.5-sync \
 #   HF_CHECKPOINT=/mnt/nfs/qwen3.5-4b TP_SIZE=2 NUM_ROLLOUT=200 ROLLOUT_BATCH_SIZE=64 \
 #   MAX_TOKENS_PER_GPU=16384 MODEL_ARGS="$(...)" bash scripts/run_mopd_qwen3.5_sync.sh
 #

@@ -4,6 +4,7 @@ answers (exit 0) and a bad command line is an argparse error (exit 2), before an
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import re
 import subprocess
@@ -169,12 +170,78 @@ def _repository_files() -> list[Path]:
     return out
 
 
+# Names read but not listed by `dressage env`, each with why.
+NOT_LISTED = {
+    "HOME", "PATH", "PWD", "USER", "TMPDIR",  # the shell's and the OS's own
+    "AIRFLOW_UID", "POSTGRES_PASSWORD", "AIRFLOW_JWT_SECRET",  # compose.yaml's, containers/.env
+    "RAY_AUTH_MODE",  # set by the Makefile and the scripts, for Ray; compose.yaml passes it on
+}  # fmt: skip
+_ENV_READERS = {"env_str", "env_int", "env_float", "env_bool", "env_secret", "env_given", "getenv"}
+
+
+def _is_environ(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "environ") or (
+        isinstance(node, ast.Attribute) and node.attr == "environ"
+    )
+
+
+def _literal(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _python_reads(source: str) -> set[str]:
+    """The variables a Python source reads by a literal name: ``os.environ.get("X")``,
+    ``os.environ["X"]`` (read, not assigned), ``os.getenv("X")``, ``"X" in os.environ`` and
+    ``env_str("X")`` and its kin."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        name = None
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            if isinstance(func, ast.Name):
+                reads = func.id in _ENV_READERS
+            else:  # a method: os.getenv, config.env_str, os.environ.get
+                attr = getattr(func, "attr", None)
+                environ_get = attr == "get" and _is_environ(getattr(func, "value", func))
+                reads = attr in _ENV_READERS or environ_get
+            name = _literal(node.args[0]) if reads else None
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            name = _literal(node.slice) if _is_environ(node.value) else None
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            name = _literal(node.left) if _is_environ(node.comparators[0]) else None
+        if name:
+            found.add(name)
+    return found
+
+
+def _python_sources() -> list[Path]:
+    dirs = ("dressage", "scripts", "bench", "dags")
+    return [*(p for d in dirs for p in sorted((REPO / d).rglob("*.py"))), REPO / "tests/helpers.py"]
+
+
+def test_the_python_scan_finds_each_way_of_reading(tmp_path: Path) -> None:
+    source = (
+        "import os\nfrom os import environ\n"
+        "a = os.environ.get('A1'); b = os.environ['A2']; c = os.getenv('A3')\n"
+        "d = environ.get('A4'); e = 'A5' in os.environ; f = 'A6' not in environ\n"
+        "g = env_str('A7') or env_int('A8') or env_float('A9') or env_bool('A10')\n"
+        "h = env_secret('A11') or config.env_given('A12')\n"
+        "os.environ['S1'] = '1'; os.environ.setdefault('S2', '1')\n"
+        "run(env={**os.environ, 'S3': '1'}); os.environ.update(S4='1')\n"
+    )
+    assert _python_reads(source) == {f"A{i}" for i in range(1, 13)}
+
+
 def test_dressage_env_lists_every_variable_the_repository_names(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every DRESSAGE_* name in any file of the repository (code, scripts, DAGs, tests, docs)
     is a variable `dressage env` lists, or one of NOT_VARIABLES; and so is each launcher
-    variable."""
+    variable. Every variable that Python in dressage/, scripts/, bench/, dags/ or
+    tests/helpers.py reads by its name (see :func:`_python_reads`) is listed too, or one of
+    NOT_LISTED. A variable the repository only sets, for a child process or a library
+    (``os.environ.setdefault("HF_HUB_OFFLINE", "1")``, ``env={..., "X": ...}``), is no read;
+    nor is one read only by a test (tests/helpers.py aside)."""
     assert dressage_main(["env"]) == 0
     listed = _listed(capsys.readouterr().out)
     named: dict[str, str] = {}
@@ -190,23 +257,58 @@ def test_dressage_env_lists_every_variable_the_repository_names(
     for name in ("DRESSAGE_MOPD_SCHEDULE", "DRESSAGE_AIRFLOW_HOME", "DRESSAGE_VENV", "TP_SIZE"):
         assert name in listed
     assert set(NOT_VARIABLES) <= set(named), "NOT_VARIABLES names one the repository dropped"
+    read = {}
+    for path in _python_sources():
+        for name in _python_reads(path.read_text()):
+            read.setdefault(name, str(path.relative_to(REPO)))
+    missing = {n: where for n, where in read.items() if n not in listed | NOT_LISTED}
+    assert not missing, f"read by the repository's Python but not listed: {missing}"
 
 
-# What the shell scripts read that is theirs alone (set by them, or the shell's own).
-SCRIPT_LOCALS = {"PATH", "PWD", "PIP", "VENV", "STAMP", "AIRFLOW_UID", "POSTGRES_PASSWORD"}
-SCRIPT_LOCALS |= {"AIRFLOW_JWT_SECRET"}  # containers/compose.yaml's, from containers/.env
-SCRIPT_LOCALS |= {"RAY_AUTH_MODE"}  # set by the Makefile and the scripts, for Ray
+def _shell_reads(text: str, *, makefile: bool = False) -> set[str]:
+    """The variables a shell script (or the Makefile) reads: ``$X`` and ``${X...}``, less
+    those it assigns itself and never reads as ``${X:-...}`` (its own, not the caller's); in
+    the Makefile, ``$(X)`` too, but for the names it assigns."""
+    read = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", text))
+    assigned = set(re.findall(r"(?m)^\s*(?:export\s+)?([A-Z][A-Z0-9_]*)\s*[:?]?=", text))
+    defaulted = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*):?[-=]", text))
+    if makefile:
+        read |= set(re.findall(r"\$\(([A-Z][A-Z0-9_]*)\)", text))
+    return read - (assigned - defaulted)
+
+
+def test_the_shell_scan_keeps_what_a_script_reads_from_its_caller() -> None:
+    script = (
+        'PYTHON=${PYTHON:-python3}\nVENV="${DRESSAGE_VENV:-.venv}"\nexport HOME_DIR=$VENV\n'
+        'echo "$MODEL_ARGS" "$VENV" "${PYTHON}" "$HOME_DIR"\n'
+    )
+    assert _shell_reads(script) == {"PYTHON", "DRESSAGE_VENV", "MODEL_ARGS"}
+    assert _shell_reads("X ?= 1\nY := $(X)\nall:\n\techo $(Y) $(DEMO_ARGS)\n", makefile=True) == {
+        "DEMO_ARGS"
+    }
 
 
 def test_dressage_env_lists_what_the_scripts_read(capsys: pytest.CaptureFixture[str]) -> None:
+    """What .ci/run, scripts/*.sh, the Makefile and containers/compose.yaml read (``$X``,
+    ``${X}``) and the Dockerfiles' build arguments (``ARG X``) are listed by `dressage env`, or
+    are NOT_LISTED; Airflow's own settings (``AIRFLOW__*``) are Airflow's to document."""
     assert dressage_main(["env"]) == 0
     listed = _listed(capsys.readouterr().out)
-    read: set[str] = set()
-    scripts = [*REPO.glob("scripts/*.sh"), REPO / "Makefile", *REPO.glob("containers/*.yaml")]
-    for path in scripts:
-        read |= set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", path.read_text()))
-    read = {n for n in read if not n.startswith("AIRFLOW__")}  # Airflow's own config
-    assert not read - listed - SCRIPT_LOCALS, sorted(read - listed - SCRIPT_LOCALS)
+    read: dict[str, str] = {}
+    for path in [REPO / ".ci/run", *REPO.glob("scripts/*.sh"), *REPO.glob("containers/*.yaml")]:
+        for name in _shell_reads(path.read_text()):
+            read.setdefault(name, str(path.relative_to(REPO)))
+    for name in _shell_reads((REPO / "Makefile").read_text(), makefile=True):
+        read.setdefault(name, "Makefile")
+    for path in REPO.glob("containers/*Dockerfile"):
+        for name in re.findall(r"(?m)^ARG\s+([A-Za-z_][A-Za-z0-9_]*)", path.read_text()):
+            read.setdefault(name, str(path.relative_to(REPO)))
+    missing = {
+        n: where
+        for n, where in read.items()
+        if n not in listed | NOT_LISTED and not n.startswith("AIRFLOW__")
+    }
+    assert not missing, f"read by the scripts but not listed by `dressage env`: {missing}"
 
 
 @pytest.mark.parametrize("words", [(), ("mopd",), ("proxy",), ("artifacts",)], ids=repr)

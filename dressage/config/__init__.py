@@ -11,7 +11,7 @@ layered.py        the one layering of flags over variables over defaults (pydant
 pause_client.py   the trainer's pause client (pause around weight updates, required, timeout)
 agent_dispatch.py the black-box rollout's agent dispatch (proxy, agent, timeouts, attempts)
 proxy_access.py   the rollout's proxy URL and admin key (args over DRESSAGE_PROXY_*)
-mopd_path.py      the MOPD config's path (a flag or args over DRESSAGE_MOPD_TEACHER_CONFIG)
+mopd_path.py      the MOPD config's path (a flag or args over DRESSAGE_MOPD_CONFIG)
 run.py            a training run: a MOPD launch's settings (the MOPD objectives' names and
                   defaults; the launcher's flags over TP_SIZE, ...), an embedded job's RUN.json
 job.py            RUN.json's ``advanced`` options (and the cluster's)

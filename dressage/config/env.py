@@ -50,9 +50,15 @@ _DECLARED = [
         "Key the embedded engine requires on every route but health (SGLang's --api-key).",
     ),
     EnvVar(
+        "DRESSAGE_MOPD_CONFIG",
+        None,
+        "Path of the MOPD JSON config (teachers, datasets, reward modules): the variable of "
+        "--mopd-config.",
+    ),
+    EnvVar(
         "DRESSAGE_MOPD_TEACHER_CONFIG",
         None,
-        "Path of the MOPD JSON config (teachers, datasets, reward modules).",
+        "Deprecated spelling of DRESSAGE_MOPD_CONFIG (read when that is unset).",
     ),
     EnvVar(
         "DRESSAGE_MOPD_SCHEDULE",
@@ -114,7 +120,8 @@ def all_variables() -> list[EnvVar]:
     return sorted(ENV.values(), key=lambda v: v.name)
 
 
-# Variables read outside the DRESSAGE_* family: scripts, make targets, libraries' own names.
+# Variables read outside the DRESSAGE_* family: scripts, make targets, the Dockerfiles' build
+# arguments, libraries' own names.
 OTHER_VARIABLES: dict[str, str] = {
     "AIRFLOW_HOME": "Airflow's home: `make demo` sets ./airflow_home (make airflow: "
     "DRESSAGE_AIRFLOW_HOME).",
@@ -122,6 +129,20 @@ OTHER_VARIABLES: dict[str, str] = {
     "DEMO_ARGS": "Arguments `make demo` passes to `dressage demo` (--steps N, --conf JSON).",
     "DEMO_STEPS": "Default of `dressage demo --steps`. Default: 100.",
     "SLIME_ROOT": "A slime checkout: `make test` then runs the real-slime tier (tests/real_slime).",
+    "MEGATRON_LM_ROOT": "A Megatron-LM checkout (its megatron/training): with SLIME_ROOT, on a "
+    "GPU, `make test` runs the real-slime tier's GPU tests too.",
+    "OPENAI_BASE_URL": "`python -m dressage.agents`: the proxy session's base URL the agent "
+    "calls (required).",
+    "OPENAI_API_KEY": "`python -m dressage.agents`: the key the agent sends to the proxy.",
+    "MASTER_PORT": "torch.distributed's port of a one-GPU Megatron conversion "
+    "(dressage.slime.torch_dist). Default: a free port.",
+    "MOPD_RECIPE_TOKENIZER": "scripts/research/mopd_recipe.py: the tokenizer it loads. Default: "
+    "scripts/research/tok.",
+    "SLIME_IMAGE": "Build argument of containers/trainer.Dockerfile: the slime image it builds on.",
+    "AIRFLOW_IMAGE": "Build argument of containers/airflow.Dockerfile: the Airflow image it "
+    "builds on.",
+    "AIRFLOW__CORE__FERNET_KEY": "Airflow's key for what it encrypts at rest; unset, `dressage "
+    "demo` keeps one in $AIRFLOW_HOME/.fernet_key.",
     "PYTHON": "The interpreter scripts/bootstrap.sh makes .venv from (default python3.11), and "
     "the one scripts/run_mopd_qwen3.5_sync.sh runs the launcher with.",
     "WITH_TORCH": "scripts/bootstrap.sh: 0 leaves torch to the image (the trainer image).",

@@ -23,7 +23,7 @@ for a command line to print.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, Self
 
 from pydantic import ValidationError
@@ -31,6 +31,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -45,6 +46,8 @@ __all__ = [
     "declare_variables",
     "env_default",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 class SettingsError(ValueError):
@@ -73,22 +76,30 @@ class NamedVariables(EnvSettingsSource):
         settings_cls: type[BaseSettings],
         names: Mapping[str, str],
         renamed: Mapping[str, str] | None = None,
+        given: Collection[str] = (),
     ) -> None:
         super().__init__(settings_cls, case_sensitive=True, env_ignore_empty=True)
         self.names = names
         self.renamed = renamed or {}
         """Field -> the variable it was read from before its rename: still read when the new
-        one is unset, with a deprecation warning naming the new one."""
+        one is unset, with a deprecation warning naming the new one; set to another value
+        beside the new one, it is ignored with a warning saying that the new one wins."""
+        self.given = frozenset(given)
+        """Fields given a value (a flag): their old variables are not read, nor warned about."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         name = self.names.get(field_name)
         if name is None:  # a field no variable sets
             return None, field_name, self.field_is_complex(field)
         value = self.env_vars.get(name)
-        old = self.renamed.get(field_name)
-        if value in (None, "") and old is not None and self.env_vars.get(old) not in (None, ""):
-            logging.getLogger(__name__).warning("%s is deprecated; set %s instead", old, name)
-            return self.env_vars[old], old, self.field_is_complex(field)
+        old = None if field_name in self.given else self.renamed.get(field_name)
+        old_value = None if old is None else self.env_vars.get(old)
+        if old is not None and old_value not in (None, ""):
+            if value in (None, ""):
+                _log.warning("%s is deprecated; set %s instead", old, name)
+                return old_value, old, self.field_is_complex(field)
+            if old_value != value:  # both set alike (for an older child) is no mistake
+                _log.warning("%s is deprecated and ignored: %s is set too and wins", old, name)
         return value, name, self.field_is_complex(field)
 
 
@@ -108,7 +119,8 @@ class LayeredSettings(BaseSettings):
     an error (what an unset ``$KEY`` expands to in a shell), not "no key"."""
     RENAMED: ClassVar[Mapping[str, str]] = {}
     """Field -> the variable it was read from before its rename (read when the new one is
-    unset, with a warning naming the new one)."""
+    unset, with a warning naming the new one; when both are set and differ, the new one wins,
+    and the warning says so)."""
     WHAT: ClassVar[str] = "settings"
     """What the settings are, for error messages."""
 
@@ -121,7 +133,8 @@ class LayeredSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, NamedVariables(cls, cls.ENV, cls.RENAMED)
+        given = init_settings.init_kwargs if isinstance(init_settings, InitSettingsSource) else {}
+        return init_settings, NamedVariables(cls, cls.ENV, cls.RENAMED, given)
 
     @classmethod
     def layered(cls, given: Mapping[str, Any], *, given_as: Mapping[str, str]) -> Self:

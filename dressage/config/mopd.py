@@ -1,6 +1,6 @@
 """The MOPD config: teachers, datasets and reward modules, validated once and failing closed.
 
-``DRESSAGE_MOPD_TEACHER_CONFIG`` points at a JSON file of this shape::
+``DRESSAGE_MOPD_CONFIG`` points at a JSON file of this shape::
 
     {
       "student":  {"hf_checkpoint": "/ckpt/Qwen3.5-4B", "ref_load": "/ckpt/Qwen3.5-4B_torch_dist"},
@@ -188,7 +188,7 @@ because a config's ``${VAR}`` placeholders expand from it."""
 def load_mopd_config(path: str | Path | None = None) -> MopdConfig:
     """Read, type-check and path-resolve the config; raise :class:`MopdConfigError` if invalid.
 
-    ``path`` (None or "": not given) over ``$DRESSAGE_MOPD_TEACHER_CONFIG``
+    ``path`` (None or "": not given) over ``$DRESSAGE_MOPD_CONFIG``
     (:func:`~dressage.config.mopd_path.mopd_config_path`). A file is parsed and validated
     once per process: a later call for the same file with the same content returns the same
     (frozen) config; a changed file (or environment, which its ``${VAR}`` placeholders read) is

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
 from dressage.config.layered import LayeredSettings
-from dressage.config.mopd_path import MOPD_CONFIG_ENV
+from dressage.config.mopd_path import MOPD_CONFIG_ENV, MOPD_CONFIG_OLD_ENV
 
 __all__ = [
     "DEFAULT_MOPD_OBJECTIVE",
@@ -191,6 +191,7 @@ class MopdRunSettings(LayeredSettings, MopdRunConfig):
         "wandb_group": "WANDB_GROUP",
     }
     """Field -> the variable of slime's launch scripts that sets it."""
+    RENAMED: ClassVar[Mapping[str, str]] = {"mopd_config": MOPD_CONFIG_OLD_ENV}
     WHAT: ClassVar[str] = "MOPD launch settings"
 
 

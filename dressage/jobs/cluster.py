@@ -38,6 +38,7 @@ import dressage.config.proxy  # noqa: F401  (declares DRESSAGE_PROXY_HOST)
 from dressage.config.env import env_given
 from dressage.config.job import ClusterOptions, JobOptions, optimizer_batch
 from dressage.config.mopd import MOPD_HOOKS
+from dressage.config.mopd_path import mopd_config_env
 from dressage.config.run import ClusterLayout, MopdObjective, MopdRunConfig, TrainRunConfig
 from dressage.health import wait_healthy
 from dressage.launch.slime_command import layout_flags
@@ -213,7 +214,7 @@ def cluster_plan(
         argv += ["--" + attr.replace("_", "-"), MOPD_HOOKS[attr]]
     argv += [*optimizer, *cluster.extra_args, *tail]
     # The data source reads its datasets from the MOPD JSON (teachers unused by GRPO).
-    env = {"DRESSAGE_MOPD_TEACHER_CONFIG": str(Path(run.mopd_config).resolve())}
+    env = mopd_config_env(Path(run.mopd_config).resolve())
     return ClusterPlan(proxy_argv=proxy_argv, proxy_url=proxy_url, argv=argv, env=env)
 
 

@@ -16,7 +16,7 @@ Three parts, usable one by one (the validation DAG runs them as separate tasks):
   neither ``--allgather-cp`` nor a top-p below 1, its K within the student's vocabulary).
 
 This is the one check of a MOPD config: ``dressage mopd check [CONFIG...]`` (no CONFIG:
-``$DRESSAGE_MOPD_TEACHER_CONFIG``) runs :func:`preflight`, the training DAGs' ``validate`` task
+``$DRESSAGE_MOPD_CONFIG``) runs :func:`preflight`, the training DAGs' ``validate`` task
 runs it, and ``dressage_validate`` runs its three parts as three tasks. A ``tiny-sft:`` teacher
 that is not built yet is reported as not built (naming ``dressage assets``), never trained here::
 
@@ -417,7 +417,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """``dressage mopd check [CONFIG...] [--student PATH] [--objective grpo] [--json]``: exit 0
     when every config can train, 1 listing every problem of each (on stderr; ``--json``: each
-    report, one JSON object per line of stdout). No CONFIG: ``$DRESSAGE_MOPD_TEACHER_CONFIG``;
+    report, one JSON object per line of stdout). No CONFIG: ``$DRESSAGE_MOPD_CONFIG``;
     the MOPD objective's settings are checked against ``--mopd-objective``, the job's default
     unless given, as the launcher checks them."""
     parser = _parser()

@@ -3,7 +3,7 @@
     launcher = RayJobsLauncher("http://head:8265")
     launcher.submit(JobSpec("python3 -m dressage.jobs.train --run-config /mnt/nfs/run.json",
                             submission_id="dressage-dressage_mopd-scheduled-1-train",
-                            env={"DRESSAGE_MOPD_TEACHER_CONFIG": "/mnt/nfs/mopd.json"}))
+                            env={"DRESSAGE_MOPD_CONFIG": "/mnt/nfs/mopd.json"}))
 
 The same calls as ``ray job submit|status|logs|stop`` (POST /api/jobs/, GET /api/jobs/{id},
 GET /api/jobs/{id}/logs, POST /api/jobs/{id}/stop). The submission id is the job's key: Ray

@@ -47,6 +47,7 @@ from dressage.config.mopd import (
     slime_options,
     validate_mopd_run,
 )
+from dressage.config.mopd_path import mopd_config_env
 from dressage.config.run import (
     DEFAULT_MOPD_TOPK,
     MOPD_OBJECTIVES,
@@ -175,7 +176,7 @@ def build_mopd_job(run: MopdRunConfig, *, environ: Mapping[str, str] | None = No
     forwarded = {key: env[key] for key in config.runtime_env_keys}
     if run.use_wandb:
         forwarded.update({k: env[k] for k in ("WANDB_API_KEY", "WANDB_MODE") if env.get(k)})
-    forwarded["DRESSAGE_MOPD_TEACHER_CONFIG"] = str(out / "mopd_config.resolved.json")
+    forwarded.update(mopd_config_env(out / "mopd_config.resolved.json"))  # both spellings
     config_json = config.model_dump_json(indent=2)
     digest = hashlib.sha256(json.dumps([argv, sorted(forwarded)]).encode()).hexdigest()[:16]
     return MopdJob(

@@ -4,7 +4,7 @@ Sources, first found wins:
 
 1. ``args.dressage_datasets``: a list of dataset entries, or that list as JSON text (set it with
    slime's ``--custom-config-path run.yaml``, whose top-level keys land on ``args``);
-2. the MOPD config (``args.mopd_config``, else ``$DRESSAGE_MOPD_TEACHER_CONFIG``), read and
+2. the MOPD config (``args.mopd_config``, else ``$DRESSAGE_MOPD_CONFIG``), read and
    checked by :func:`dressage.config.mopd.load_mopd_config`, its ``datasets`` list;
 3. slime's own ``--prompt-data file.jsonl``: one black-box dataset named after the file.
 
@@ -102,7 +102,7 @@ def dataset_specs(args: Any) -> list[PromptDataset]:
         return [PromptDataset(name=Path(prompt_data).stem, path=str(prompt_data))]
     raise ValueError(
         "no prompt datasets: set args.dressage_datasets, args.mopd_config, "
-        "$DRESSAGE_MOPD_TEACHER_CONFIG or --prompt-data"
+        "$DRESSAGE_MOPD_CONFIG or --prompt-data"
     )
 
 

@@ -603,7 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tokenizer and vocabulary. Exit 1 listing every mismatch.",
     )
     parser.add_argument(
-        "config", nargs="?", help="the MOPD config JSON (default: $DRESSAGE_MOPD_TEACHER_CONFIG)"
+        "config", nargs="?", help="the MOPD config JSON (default: $DRESSAGE_MOPD_CONFIG)"
     )
     args = parser.parse_args(argv)
     problems = validate_mopd_checkpoints(load_mopd_config(args.config))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.unit
 EMBEDDED = str(REPO / "configs/mopd/embedded.json")
 _LAUNCHER = tuple(MopdRunSettings.ENV.values())
 _OTHERS = ("DRESSAGE_PROXY_URL", "DRESSAGE_PROXY_ADMIN_KEY", "RAY_ADDRESS", "DEMO_STEPS")
+_OTHERS += ("DRESSAGE_MOPD_TEACHER_CONFIG",)  # the MOPD config's old spelling
 
 
 @pytest.fixture(autouse=True)
@@ -43,12 +45,50 @@ def test_the_mopd_config_path_flag_over_variable_over_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert mopd_config_path(None) is None
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", "")  # empty: unset
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", "")  # empty: unset
     assert mopd_config_path(None) is None
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", "/from/variable.json")
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", "/from/variable.json")
     assert mopd_config_path(None) == "/from/variable.json"
     assert mopd_config_path("") == "/from/variable.json"  # "" is not given
     assert mopd_config_path(Path("/from/flag.json")) == "/from/flag.json"
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_the_old_mopd_config_variable_still_works_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", "/old.json")
+    with caplog.at_level(logging.WARNING):
+        assert mopd_config_path(None) == "/old.json"
+        assert _layered(mopd_config=None).mopd_config == "/old.json"  # the launcher's too
+    assert _warnings(caplog) == 2 * [
+        "DRESSAGE_MOPD_TEACHER_CONFIG is deprecated; set DRESSAGE_MOPD_CONFIG instead"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert mopd_config_path("/flag.json") == "/flag.json"  # a flag given: no variable read
+    assert _warnings(caplog) == []
+
+
+def test_the_new_mopd_config_variable_wins_over_the_old_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", "/new.json")
+    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", "/old.json")
+    with caplog.at_level(logging.WARNING):
+        assert mopd_config_path(None) == "/new.json"
+    assert _warnings(caplog) == [
+        "DRESSAGE_MOPD_TEACHER_CONFIG is deprecated and ignored: DRESSAGE_MOPD_CONFIG is set "
+        "too and wins"
+    ]
+    caplog.clear()
+    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", "/new.json")  # both alike: for old children
+    with caplog.at_level(logging.WARNING):
+        assert mopd_config_path(None) == "/new.json"
+    assert _warnings(caplog) == []
 
 
 def test_the_reward_modules_read_the_attribute_before_the_variable(
@@ -61,19 +101,19 @@ def test_the_reward_modules_read_the_attribute_before_the_variable(
     config["reward_modules"] = ["tests.reward.reward_plugin"]
     path = tmp_path / "mopd.json"
     path.write_text(json.dumps(config))
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", str(tmp_path / "missing.json"))
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", str(tmp_path / "missing.json"))
     assert reward_modules(SimpleNamespace(mopd_config=str(path))) == ("tests.reward.reward_plugin",)
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", str(path))
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", str(path))
     assert reward_modules(SimpleNamespace()) == ("tests.reward.reward_plugin",)
 
 
 def test_the_drivers_flags_are_layered_after_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = add_mopd_arguments(argparse.ArgumentParser())
     helps = {a.dest: a.help or "" for a in parser._actions}
-    assert "$DRESSAGE_MOPD_TEACHER_CONFIG" in helps["mopd_config"]
+    assert "$DRESSAGE_MOPD_CONFIG" in helps["mopd_config"]
     assert "$DRESSAGE_PROXY_URL" in helps["dressage_proxy_url"]
     assert parser.get_default("mopd_config") is None  # read after parsing, not by argparse
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", "/v.json")
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", "/v.json")
     monkeypatch.setenv("DRESSAGE_PROXY_URL", "http://variable:1")
     args = parser.parse_args([])
     layer_mopd_arguments(args)
@@ -81,7 +121,7 @@ def test_the_drivers_flags_are_layered_after_parsing(monkeypatch: pytest.MonkeyP
     args = parser.parse_args(["--mopd-config", "/f.json", "--dressage-proxy-url", "http://f:2"])
     layer_mopd_arguments(args)
     assert (args.mopd_config, args.dressage_proxy_url) == ("/f.json", "http://f:2")
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", "")
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", "")
     monkeypatch.delenv("DRESSAGE_PROXY_URL")
     args = parser.parse_args([])
     layer_mopd_arguments(args)
@@ -126,7 +166,7 @@ def test_the_launchers_flag_over_variable_over_default(monkeypatch: pytest.Monke
 
 
 def test_the_launchers_variables_set_the_required_fields(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", EMBEDDED)
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", EMBEDDED)
     monkeypatch.setenv("OUTPUT_DIR", "/tmp/variable")
     run = MopdRunSettings.layered({"output_dir": None}, given_as={})
     assert (run.mopd_config, run.output_dir) == (EMBEDDED, "/tmp/variable")

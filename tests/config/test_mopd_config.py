@@ -124,10 +124,10 @@ def test_relative_paths_follow_the_config_and_env_placeholders_expand(
 def test_the_environment_variable_names_the_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", str(_write(tmp_path, _config())))
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", str(_write(tmp_path, _config())))
     assert sorted(load_mopd_config().teachers) == ["code", "math"]
-    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG")
-    with pytest.raises(MopdConfigError, match="DRESSAGE_MOPD_TEACHER_CONFIG"):
+    monkeypatch.delenv("DRESSAGE_MOPD_CONFIG")
+    with pytest.raises(MopdConfigError, match="DRESSAGE_MOPD_CONFIG"):
         load_mopd_config()
 
 

@@ -108,7 +108,7 @@ def test_settings_are_layered_one_way_only() -> None:
         "url = view.dressage_proxy_url or env_str('DRESSAGE_PROXY_URL')",
         "config = getattr(args, 'c', None) or os.environ.get('X')",
         "address = ns.address or os.getenv('RAY_ADDRESS') or 'http://127.0.0.1:8265'",
-        "p.add_argument('--mopd-config', default=env_str('DRESSAGE_MOPD_TEACHER_CONFIG'))",
+        "p.add_argument('--mopd-config', default=env_str('DRESSAGE_MOPD_CONFIG'))",
         "p.add_argument('--steps', type=int, default=int(os.environ.get('DEMO_STEPS', '100')))",
         "group.add_argument('--n', default=config.env_int('DRESSAGE_FUZZ_SCALE'))",
         "class ProxySettings(ProxyConfig, pydantic_settings.BaseSettings): pass",

@@ -102,7 +102,7 @@ def test_old_spellings_still_work_and_name_the_new_ones(
     )
 
 
-def test_the_new_variable_wins_over_the_old_one_without_a_warning(
+def test_the_new_variable_wins_over_the_old_one_and_the_warning_says_so(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("DRESSAGE_PROXY_MODEL_NAME", "old-name")
@@ -110,6 +110,15 @@ def test_the_new_variable_wins_over_the_old_one_without_a_warning(
     with caplog.at_level(logging.WARNING):
         config, _ = config_from_argv([])
     assert config.served_model_name == "new-name"
+    deprecated = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert deprecated == [
+        "DRESSAGE_PROXY_MODEL_NAME is deprecated and ignored: "
+        "DRESSAGE_PROXY_SERVED_MODEL_NAME is set too and wins"
+    ]
+    caplog.clear()
+    monkeypatch.setenv("DRESSAGE_PROXY_MODEL_NAME", "new-name")  # both alike: no warning
+    with caplog.at_level(logging.WARNING):
+        assert config_from_argv([])[0].served_model_name == "new-name"
     assert not [r for r in caplog.records if "deprecated" in r.getMessage()]
 
 

@@ -46,7 +46,7 @@ CHECKS: list[tuple[str, str]] = [
     (r"PYTHONPATH=\$PWD/examples \.venv/bin/dressage demo .*", "tested by tests/examples/"),
     (r"docker build -f containers/trainer\.Dockerfile .*", "tested by tests/containers/"),
     (
-        r"DRESSAGE_MOPD_TEACHER_CONFIG=/mnt/nfs/\S+ .*bash scripts/run_mopd_qwen3\.5_sync\.sh",
+        r"DRESSAGE_MOPD_CONFIG=/mnt/nfs/\S+ .*bash scripts/run_mopd_qwen3\.5_sync\.sh",
         "tested by tests/launch/test_slime_command.py (the shell launcher)",
     ),
     (
@@ -105,7 +105,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env() -> dict[str, str]:
-    drop = ("AIRFLOW", "DRESSAGE_MOPD_TEACHER_CONFIG", "OUTPUT_DIR", "PYTHONPATH")
+    drop = ("AIRFLOW", "DRESSAGE_MOPD_", "OUTPUT_DIR", "PYTHONPATH")
     return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 

@@ -85,7 +85,8 @@ def test_mopd_runs_the_validated_slime_command_with_the_proxy_on_this_node(tmp_p
     assert _value(plan.argv, "--num-rollout") == "5"
     assert _value(plan.argv, "--n-samples-per-prompt") == "1"  # MOPD: one per prompt
     assert _value(plan.argv, "--seed") == _value(plan.argv, "--rollout-seed") == "11"
-    resolved = Path(plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"])
+    resolved = Path(plan.env["DRESSAGE_MOPD_CONFIG"])
+    assert plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"] == str(resolved)  # for an older driver
     assert resolved.is_file() and _value(plan.argv, "--mopd-config") == str(resolved)
     assert _value(plan.proxy_argv, "--engine-url") == "http://10.0.0.7:30000"
     assert _value(plan.proxy_argv, "--host") == "10.0.0.7"
@@ -146,7 +147,8 @@ def test_grpo_runs_the_paused_async_driver_over_the_partial_rollout(tmp_path: Pa
         assert _value(plan.argv, "--" + attr.replace("_", "-")) == MOPD_HOOKS[attr]
     assert _value(plan.argv, "--num-layers") == "2"
     assert "--colocate" in plan.argv  # the same layout flags as the MOPD builder
-    assert plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"] == EMBEDDED
+    assert plan.env["DRESSAGE_MOPD_CONFIG"] == EMBEDDED
+    assert plan.env["DRESSAGE_MOPD_TEACHER_CONFIG"] == EMBEDDED  # for an older driver
     assert not [a for a in plan.argv if a.startswith("--dressage-async") or "stale" in a]
 
 
@@ -206,7 +208,7 @@ def test_the_entrypoint_serves_the_proxy_while_slime_runs_and_stops_it_after(
         "denied = httpx.get(url + '/v1/rollout/pause_state').status_code\n"
         f"json.dump({{'argv': sys.argv[1:], 'health': health, 'denied': denied,\n"
         "    'key': bool(os.environ.get('DRESSAGE_PROXY_ADMIN_KEY')),\n"
-        "    'config': os.environ.get('DRESSAGE_MOPD_TEACHER_CONFIG')},\n"
+        "    'config': os.environ.get('DRESSAGE_MOPD_CONFIG')},\n"
         f"    open({str(record)!r}, 'w'))\n"
         "sys.exit(7)\n"
     )

@@ -110,14 +110,12 @@ def test_the_objectives_settings_are_checked_against_the_jobs_default_objective(
 def test_config_falls_back_to_the_variable_and_its_absence_is_one_sentence(
     config: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", config)
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", config)
     assert main([]) == 0
     assert f"ok: {config}:" in capsys.readouterr().out
-    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG")
+    monkeypatch.delenv("DRESSAGE_MOPD_CONFIG")
     with pytest.raises(SystemExit) as info:
         main([])
     assert info.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.endswith(
-        "error: no MOPD config given: name CONFIG or set DRESSAGE_MOPD_TEACHER_CONFIG"
-    )
+    assert last.endswith("error: no MOPD config given: name CONFIG or set DRESSAGE_MOPD_CONFIG")

@@ -127,8 +127,12 @@ def test_job_identity_and_files(tmp_path: Path) -> None:
     write_job_files(job)
     mode = stat.S_IMODE(os.stat(job.runtime_env_file).st_mode)
     assert mode == 0o600
+    resolved_path = str(job.resolved_config)  # both spellings, for an older dressage on a worker
     assert json.loads(job.runtime_env_file.read_text()) == {
-        "env_vars": {"DRESSAGE_MOPD_TEACHER_CONFIG": str(job.resolved_config)}
+        "env_vars": {
+            "DRESSAGE_MOPD_CONFIG": resolved_path,
+            "DRESSAGE_MOPD_TEACHER_CONFIG": resolved_path,
+        }
     }
     resolved = load_mopd_config(job.resolved_config)
     assert resolved.teachers["calculator"].load == _checkpoint("calculator")
@@ -262,7 +266,7 @@ def test_run_config_from_launcher_variables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = {
-        "DRESSAGE_MOPD_TEACHER_CONFIG": EMBEDDED,
+        "DRESSAGE_MOPD_CONFIG": EMBEDDED,
         "OUTPUT_DIR": str(tmp_path),
         "TP_SIZE": "8",
         "CP_SIZE": "2",
@@ -298,7 +302,7 @@ def _command(printed: str) -> list[str]:
 def test_cli_dry_run_prints_the_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG", raising=False)
+    monkeypatch.delenv("DRESSAGE_MOPD_CONFIG", raising=False)
     argv = ["--mopd-config", EMBEDDED, "--output-dir", str(tmp_path), "--no-check-imports"]
     assert main([*argv, "--seed", "11", "--dry-run", "--", "--lr", "2e-6"]) == 0
     printed = _command(capsys.readouterr().out)
@@ -324,7 +328,7 @@ def _launcher(tmp_path: Path, *flags: str, **env: str) -> subprocess.CompletedPr
         "HF_HUB_OFFLINE": "1",
         "DRY_RUN": "1",
         "CHECK_IMPORTS": "0",
-        "DRESSAGE_MOPD_TEACHER_CONFIG": EMBEDDED,
+        "DRESSAGE_MOPD_CONFIG": EMBEDDED,
         "OUTPUT_DIR": str(tmp_path / "run"),
     }
     if "DRESSAGE_CACHE_DIR" in os.environ:
@@ -411,7 +415,7 @@ def _recorder(tmp_path: Path, name: str) -> Path:
     script.write_text(
         "#!/usr/bin/env bash\n"
         f'printf "%s\\n" "$@" > {out}\n'
-        f'echo "CONFIG=$DRESSAGE_MOPD_TEACHER_CONFIG SECRET=${{SEARCH_API_KEY:-}}" >> {out}\n'
+        f'echo "CONFIG=$DRESSAGE_MOPD_CONFIG SECRET=${{SEARCH_API_KEY:-}}" >> {out}\n'
     )
     script.chmod(0o755)
     return out
@@ -423,7 +427,7 @@ def test_cli_submit_hands_ray_a_runtime_env_file(
     out = _recorder(tmp_path, "ray")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("WANDB_API_KEY", "wb-secret-777")
-    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG", raising=False)
+    monkeypatch.delenv("DRESSAGE_MOPD_CONFIG", raising=False)
     run_dir = tmp_path / "run"
     argv = ["--mopd-config", EMBEDDED, "--output-dir", str(run_dir), "--no-check-imports"]
     argv += ["--use-wandb", "--wandb-project", "p", "--submit", "--address", "http://head:8265"]
@@ -451,7 +455,7 @@ def test_cli_exec_runs_the_command_with_the_forwarded_environment(tmp_path: Path
     cmd = ["-m", "dressage.launch.slime_command", "--mopd-config", str(tmp_path / "mopd.json")]
     cmd += ["--output-dir", str(tmp_path / "run"), "--no-check-imports", "--exec"]
     cmd += ["--python", str(tmp_path / "bin" / "fakepython")]
-    env = {k: v for k, v in os.environ.items() if k != "DRESSAGE_MOPD_TEACHER_CONFIG"}
+    env = {k: v for k, v in os.environ.items() if k != "DRESSAGE_MOPD_CONFIG"}
     env["SEARCH_API_KEY"] = "s-42"
     result = subprocess.run(
         [sys.executable, *cmd], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
@@ -539,7 +543,7 @@ def test_a_bad_flag_is_one_sentence_naming_it(
 def test_the_required_flags_are_shown_required(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("DRESSAGE_MOPD_TEACHER_CONFIG", raising=False)
+    monkeypatch.delenv("DRESSAGE_MOPD_CONFIG", raising=False)
     monkeypatch.delenv("OUTPUT_DIR", raising=False)
     with pytest.raises(SystemExit) as info:
         main([])
@@ -574,7 +578,7 @@ UNBUILT_TEACHER = "tiny-sft:task=lookup,base=generalist,steps=7,batch_size=3,exa
 def test_the_cluster_dry_run_from_an_empty_cache_says_to_build_the_assets(tmp_path: Path) -> None:
     """The README's dry run on a machine that never ran `dressage assets`: exit 1, one sentence
     naming the command that builds what is missing, and nothing written."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DRESSAGE_MOPD_TEACHER_CONFIG",)}
+    env = {k: v for k, v in os.environ.items() if k not in ("DRESSAGE_MOPD_CONFIG",)}
     env["DRESSAGE_CACHE_DIR"] = str(tmp_path / "cache")  # empty: nothing built yet
     out = tmp_path / "out"
     argv = ["--mopd-config", "configs/mopd/embedded.json", "--output-dir", str(out), "--dry-run"]

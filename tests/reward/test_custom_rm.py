@@ -98,7 +98,7 @@ def test_reward_modules_from_the_mopd_config(
         "reward_modules": ["tests.reward.reward_plugin"],
     }
     (tmp_path / "mopd.json").write_text(json.dumps(config))
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", str(tmp_path / "mopd.json"))
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", str(tmp_path / "mopd.json"))
     [anchor] = _siblings("abc", n=1)
     anchor.metadata["task"] = "test_length_parity"
     assert _run(SimpleNamespace(), anchor) == 0.0

@@ -198,7 +198,7 @@ def test_mopd_config_from_the_environment(
     }
     path = tmp_path / "mopd.json"
     path.write_text(json.dumps(config))
-    monkeypatch.setenv("DRESSAGE_MOPD_TEACHER_CONFIG", str(path))
+    monkeypatch.setenv("DRESSAGE_MOPD_CONFIG", str(path))
     source = MopdDataSource(SimpleNamespace(n_samples_per_prompt=1))
     assert [g[0].metadata["teacher_id"] for g in source.get_samples(3)] == [
         "t-math",
