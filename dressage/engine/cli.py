@@ -25,6 +25,7 @@ import logging
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 from dressage.commands import command_parser
@@ -111,6 +112,17 @@ def config_from_args(argv: Sequence[str]) -> tuple[EngineConfig, str]:
     return EngineConfig(**args), log_level
 
 
+def check_folders(config: EngineConfig) -> None:
+    """The model and tokenizer folders exist (a ValueError naming the flag): said before torch
+    and transformers load, not as their traceback."""
+    model, tokenizer = Path(config.model_path), config.tokenizer_path
+    if not (model / "config.json").is_file():
+        what = "no config.json in it" if model.is_dir() else "no such folder"
+        raise ValueError(f"--model {model}: {what} (a Hugging Face model folder)")
+    if tokenizer is not None and not Path(tokenizer).is_dir():
+        raise ValueError(f"--tokenizer {tokenizer}: no such folder")
+
+
 class EngineKeys(LayeredSettings):
     """The engine's keys: a flag over its variable (a variable set but empty is an error)."""
 
@@ -130,6 +142,7 @@ def serve_main(argv: Sequence[str]) -> int:
 
     try:
         config, log_level = config_from_args(argv)
+        check_folders(config)
     except ValueError as exc:  # before the model loads: a refusal costs nothing
         print(f"dressage engine serve: {exc}", file=sys.stderr)
         return 2

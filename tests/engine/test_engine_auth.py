@@ -188,7 +188,7 @@ def serve(argv: list[str], port: int, capsys: pytest.CaptureFixture[str]) -> tup
         ({}, ["--host", "0.0.0.0"], "'0.0.0.0' is not a loopback address"),
         ({}, ["--host", "0.0.0.0", "--open-control-routes"], "is not a loopback address"),
         ({}, ["--host", "::", "--open-control-routes"], "is not a loopback address"),
-        ({}, ["--admin-api-key", ""], "--admin-api-key or DRESSAGE_ENGINE_ADMIN_KEY) is empty"),
+        ({}, ["--admin-api-key", ""], "--admin-api-key is empty: an empty key is not"),
         ({"DRESSAGE_ENGINE_ADMIN_KEY": "two words"}, [], "printable ASCII without spaces"),
         ({"DRESSAGE_ENGINE_ADMIN_KEY": ADMIN}, ["--open-control-routes"], "pick one"),
     ],

@@ -85,3 +85,15 @@ def test_serve_logs_one_ready_line_once_health_answers(tiny_model_path: Path) ->
         assert f"model {tiny_model_path}, weight version w3" in line
     finally:
         stop(proc)
+
+
+@pytest.mark.unit
+def test_a_model_folder_that_is_not_one_and_a_bad_port_are_one_sentence(tmp_path: Path) -> None:
+    from dressage.engine.cli import check_folders
+
+    with pytest.raises(ValueError, match=r"^--model /nonexistent: no such folder"):
+        check_folders(config_from_args(["--model", "/nonexistent", "--api-key", "k" * 8])[0])
+    with pytest.raises(ValueError, match="no config.json in it"):
+        check_folders(config_from_args(["--model", str(tmp_path), "--api-key", "k" * 8])[0])
+    with pytest.raises(ValueError, match=r"port must be in \[0, 65535\], got -5"):
+        config_from_args(["--model", "/m", "--port", "-5", "--api-key", "k" * 8])
