@@ -145,7 +145,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "demo` keeps one in $AIRFLOW_HOME/.fernet_key.",
     "PYTHON": "The interpreter scripts/bootstrap.sh makes .venv from (default python3.11), and "
     "the one scripts/run_mopd_qwen3.5_sync.sh runs the launcher with.",
-    "WITH_TORCH": "scripts/bootstrap.sh: 0 leaves torch to the image (the trainer image).",
+    "WITH_TORCH": "Build argument of containers/airflow.Dockerfile (and compose.yaml): 1 installs "
+    "CPU torch so that the embedded backend runs in the Airflow containers; 0 leaves it out.",
     "OMP_NUM_THREADS": "Intra-op threads of the engine, proxy and trainer; scripts/demo.sh sets 1.",
     "XDG_CACHE_HOME": "Parent of the asset cache when DRESSAGE_CACHE_DIR is unset.",
     "RAY_ADDRESS": "The Ray dashboard `dressage mopd launch --submit` submits to.",
