@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -78,8 +78,9 @@ MAX_PAUSE_TIMEOUT_S = 86400.0
 mistake, not a weight update)."""
 
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 """The levels ``--log-level`` takes (uvicorn's, less its trace)."""
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 
 class ProxyConfigError(SettingsError):
@@ -213,7 +214,7 @@ class ProxyConfig(BaseModel):
         "costs about 3% of a call's CPU (docs/proxy-performance.md).",
     )
 
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+    log_level: LogLevel = Field(
         "warning",
         description="Level of the proxy's and uvicorn's logs (--access-log lines and the ready "
         "line are logged whatever it is).",
