@@ -34,6 +34,7 @@ from dressage.config.proxy import ProxyConfig
 from dressage.proxy.client import PARTIAL_ROLLOUT_HEADER
 from dressage.proxy.engine_answers import EngineError
 from dressage.proxy.errors import BadRequest, ClientClosedRequest, ProxyError
+from dressage.proxy.generation_controller import GoneSignal
 from dressage.proxy.http_io import as_proxy_error, json_response, read_json
 from dressage.proxy.openai_api import (
     SSE_DONE,
@@ -46,10 +47,18 @@ from dressage.proxy.openai_api import (
     usage_block,
 )
 from dressage.proxy.pause_requests import parse_partial_rollout_header
+from dressage.proxy.serving import DISCONNECT_HOOKS
 from dressage.proxy.sessions import SessionManager, StreamDelta, StreamEnd, StreamStart
 from dressage.proxy.store import StoreError
 
-__all__ = ["ABORT_GRACE_S", "SESSION_HEADERS", "ClientWatch", "add_chat_routes"]
+__all__ = [
+    "ABORT_GRACE_S",
+    "SESSION_HEADERS",
+    "ChatEndpoint",
+    "ClientWatch",
+    "add_chat_routes",
+    "chat_route_session",
+]
 
 log = logging.getLogger(__name__)
 SESSION_HEADERS = ("x-session-id", "x-dressage-session-id")
@@ -59,19 +68,31 @@ milliseconds; this only bounds an engine that does not)."""
 
 
 class ClientWatch:
-    """Watches one request's connection; ``gone`` is set when the client disconnects."""
+    """Watches one request's connection; ``gone`` is set when the client disconnects.
 
-    def __init__(self, receive: Receive) -> None:
-        self.gone = asyncio.Event()
+    Under the proxy's own server the protocol calls back on a disconnect
+    (:data:`~dressage.proxy.serving.DISCONNECT_HOOKS` in the scope): no task per call. Under
+    any other server (a test client) a task waits on ``receive()`` for ``http.disconnect``."""
+
+    def __init__(self, receive: Receive, scope: Scope | None = None) -> None:
+        self.gone = GoneSignal()
         self._deadline: asyncio.Timeout | None = None
         self._stopped = False
-        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._task: asyncio.Task[None] | None = None
+        hooks = (scope.get("extensions") or {}).get(DISCONNECT_HOOKS) if scope else None
+        if isinstance(hooks, list):
+            hooks.append(self._disconnected)
+        else:
+            self._task = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         # After the body, receive() waits until the client disconnects or the response is
         # complete (ASGI servers answer http.disconnect then); after stop(), it is not ours.
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._disconnected()
+
+    def _disconnected(self) -> None:
         if self._stopped:
             return
         self.gone.set()
@@ -119,22 +140,54 @@ def _session_of(request: Request, session_id: str | None) -> str:
     return session_id
 
 
-def add_chat_routes(
-    app: FastAPI,
-    manager: SessionManager,
-    config: ProxyConfig,
-    *,
-    check_key: Callable[[Request], None],
-) -> None:
-    async def chat(request: Request, session_id: str | None) -> Response:
-        check_key(request)
+def chat_route_session(path: str) -> str | None:
+    """Which chat route ``path`` is: ``""`` for ``/v1/chat/completions`` (the session comes in
+    a header), the session id of ``/sessions/{session_id}/v1/chat/completions``, None for any
+    other path (as Starlette's router matches them: a session id is one path segment)."""
+    if path == "/v1/chat/completions":
+        return ""
+    if path.startswith("/sessions/") and path.endswith("/v1/chat/completions"):
+        session_id = path[10:-20]
+        if session_id and "/" not in session_id:
+            return session_id
+    return None
+
+
+class ChatEndpoint:
+    """The ASGI app of both chat routes. The proxy's app calls it before its router and
+    middleware (:class:`~dressage.proxy.server.ProxyApp`); the routes registered on the router
+    are the same object. It answers its own errors as the app's exception handlers would."""
+
+    def __init__(
+        self,
+        manager: SessionManager,
+        config: ProxyConfig,
+        *,
+        check_key: Callable[[Request], None],
+        error_response: Callable[[Request, Exception], Response],
+    ) -> None:
+        self.manager, self.config = manager, config
+        self.check_key, self.error_response = check_key, error_response
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        session_id = (scope.get("path_params") or {}).get("session_id")
+        try:
+            response = await self.chat(request, session_id or None)
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer, as in the app
+            response = self.error_response(request, exc)
+        await response(scope, receive, send)
+
+    async def chat(self, request: Request, session_id: str | None) -> Response:
+        config, manager = self.config, self.manager
+        self.check_key(request)
         session_id = _session_of(request, session_id)
         partial_rollout = parse_partial_rollout_header(request.headers.get(PARTIAL_ROLLOUT_HEADER))
         body = await read_json(request, config.max_request_bytes)
         chat_request = parse_chat_request(body)  # no max_tokens: the session's bounded default
         chat_request.partial_rollout = partial_rollout
         model = chat_request.model or config.served_model_name
-        watch = ClientWatch(request.receive)
+        watch = ClientWatch(request.receive, request.scope)
         chat_request.client_gone = watch.gone
         if chat_request.stream:
             return await _stream(manager, session_id, chat_request, model, watch)
@@ -162,17 +215,16 @@ def add_chat_routes(
             )
         )
 
-    async def chat_by_header(request: Request) -> Response:
-        return await chat(request, None)
 
-    async def chat_by_path(request: Request) -> Response:
-        return await chat(request, request.path_params["session_id"])
-
-    # Plain Starlette routes: the hot path skips FastAPI's per-request parameter solving.
-    app.router.routes.append(Route("/v1/chat/completions", chat_by_header, methods=["POST"]))
-    app.router.routes.append(
-        Route("/sessions/{session_id}/v1/chat/completions", chat_by_path, methods=["POST"])
+def add_chat_routes(app: FastAPI, endpoint: ChatEndpoint) -> tuple[Route, Route]:
+    """Both chat routes on the router, as ``endpoint`` (an ASGI app: no parameter solving):
+    the route by header and the route by path."""
+    routes = (
+        Route("/v1/chat/completions", endpoint, methods=["POST"]),
+        Route("/sessions/{session_id}/v1/chat/completions", endpoint, methods=["POST"]),
     )
+    app.router.routes.extend(routes)
+    return routes
 
 
 async def _stream(

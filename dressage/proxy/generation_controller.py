@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -52,6 +52,7 @@ __all__ = [
     "GenerationController",
     "GenerationDelta",
     "GenerationGate",
+    "GoneSignal",
     "NeverResume",
     "OpenGate",
     "ResumePolicy",
@@ -153,9 +154,53 @@ class ResumePolicy(Protocol):
         ...
 
 
+class GoneSignal(asyncio.Event):
+    """A call's ``client_gone`` event that also runs callbacks once set: what waits for a
+    disconnect registers a callback instead of starting a task per call to ``wait()`` for it.
+
+        gone = GoneSignal()
+        remove = gone.on_set(lambda: print("the agent left"))   # remove() when done waiting
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        if self.is_set():
+            return
+        super().set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` when the event is set (at once if it is); returns its remover."""
+        if self.is_set():
+            callback()
+            return _nothing
+        self._callbacks.append(callback)
+
+        def remove() -> None:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+        return remove
+
+
+def _nothing() -> None:
+    return None
+
+
 class GenerationGate(Protocol):
     async def admit(self, session_id: str, generation: Generation) -> None:
         """Before each engine request: wait while generation is held; raise to refuse."""
+        ...
+
+    def admit_now(self, session_id: str, generation: Generation) -> bool:
+        """:meth:`admit` when nothing holds the request: True when it was admitted at once
+        (or refused, raising), False when the caller must ``await admit``. The common case
+        then costs no task."""
         ...
 
     def release(self, generation: Generation) -> None:
@@ -179,6 +224,9 @@ class OpenGate:
 
     async def admit(self, session_id: str, generation: Generation) -> None:
         return None
+
+    def admit_now(self, session_id: str, generation: Generation) -> bool:
+        return True
 
     def release(self, generation: Generation) -> None:
         return None
@@ -230,6 +278,8 @@ class GenerationController:
         if gone is not None and gone.is_set():
             generation.client_gone = True
             return False
+        if self.gate.admit_now(session_id, generation):
+            return True
         if isinstance(await _unless_gone(self.gate.admit(session_id, generation), gone), _Gone):
             generation.client_gone = True
             return False
@@ -243,6 +293,18 @@ class GenerationController:
         then ends it with what it has generated, which the block receives as usual."""
         if gone is None:
             yield
+            return
+        if isinstance(gone, GoneSignal):  # a callback, not a task per engine request
+
+            def aborted() -> None:
+                generation.client_gone = True
+                self._abort_in_background(rid)
+
+            remove = gone.on_set(aborted)
+            try:
+                yield
+            finally:
+                remove()
             return
 
         async def watch() -> None:

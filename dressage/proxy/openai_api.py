@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 import time
-import uuid
 from typing import Any
 
 from dressage.http_json import dumps as fast_dumps
@@ -58,7 +58,7 @@ def dumps(obj: Any) -> bytes:
 
 
 def new_completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+    return f"chatcmpl-{secrets.token_hex(16)}"
 
 
 class ChatRequest:

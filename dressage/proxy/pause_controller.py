@@ -147,6 +147,14 @@ class PauseController:
             "nothing; start a new session"
         )
 
+    def admit_now(self, session_id: str, generation: Generation) -> bool:
+        if self.paused:
+            return False
+        if generation.engine_requests == 0 and not generation.pauses:
+            self._check_cap(session_id)
+        self._enter(generation)
+        return True
+
     async def admit(self, session_id: str, generation: Generation) -> None:
         first_request = generation.engine_requests == 0 and not generation.pauses
         if first_request:
@@ -161,6 +169,9 @@ class PauseController:
                 self._waiting -= 1
         if waited and first_request:
             self._check_cap(session_id)
+        self._enter(generation)
+
+    def _enter(self, generation: Generation) -> None:
         generation.epoch = self.epoch
         self._active += 1
         self._idle.clear()

@@ -11,6 +11,12 @@ Two settings differ from uvicorn's defaults, each for a failure seen under load:
   sessions whose calls come ~5 s apart). The server must be the side that waits longer: it keeps
   idle connections well past any common client's pool expiry (httpx 5 s, aiohttp 15 s), so the
   client always closes first. Idle connections cost one socket each.
+- the HTTP protocol tells a request's handler when the client hangs up, by a callback: the ASGI
+  way is a task per request that waits on ``receive()`` for ``http.disconnect``. The scope's
+  ``extensions`` carry a list under :data:`DISCONNECT_HOOKS`; the protocol calls each callable
+  in it when the connection closes before that request's response is complete
+  (:class:`~dressage.proxy.chat_routes.ClientWatch` uses it, and the ``receive()`` wait where
+  the list is absent: another server, a test client).
 - the HTTP protocol answers a request it cannot parse with the proxy's JSON error body instead of
   uvicorn's plain text, and says why when it knows (a URL longer than the parser's 65,535
   bytes, e.g. a 100,000-character session id in the path).
@@ -18,6 +24,7 @@ Two settings differ from uvicorn's defaults, each for a failure seen under load:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -25,12 +32,21 @@ import uvicorn
 from dressage.proxy.errors import error_body
 from dressage.proxy.openai_api import dumps
 
-__all__ = ["KEEP_ALIVE_S", "MAX_URL_BYTES", "http_protocol", "uvicorn_config"]
+__all__ = [
+    "DISCONNECT_HOOKS",
+    "KEEP_ALIVE_S",
+    "MAX_URL_BYTES",
+    "http_protocol",
+    "uvicorn_config",
+]
 
 KEEP_ALIVE_S = 75
 """Seconds an idle client connection stays open (see the module docstring)."""
 MAX_URL_BYTES = 65535
 """Longest request target the HTTP parser (httptools) accepts."""
+DISCONNECT_HOOKS = "dressage.disconnect"
+"""The key, in a request scope's ``extensions``, of the callables the server calls when the
+client hangs up before the response is complete (see the module docstring)."""
 
 
 def _bad_request_body(reason: str) -> bytes:
@@ -66,6 +82,8 @@ def _load_protocols() -> tuple[type[Any], ...]:
 
     class JSONErrorsHttpTools(HttpToolsProtocol):
         _why: str | None = None
+        _in_flight: list[tuple[Any, list[Callable[[], None]]]] | None = None
+        """This connection's requests not answered yet, with their disconnect hooks."""
 
         def on_headers_complete(self) -> None:
             if len(self.url) > MAX_URL_BYTES:  # httptools.parse_url refuses it just below
@@ -73,7 +91,23 @@ def _load_protocols() -> tuple[type[Any], ...]:
                     f"the URL is {len(self.url)} bytes long, over the limit of {MAX_URL_BYTES} "
                     "(session ids are 1-128 characters)"
                 )
+            hooks: list[Callable[[], None]] = []
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[DISCONNECT_HOOKS] = hooks
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # not an upgrade
+                kept = [p for p in self._in_flight or () if not p[0].response_complete]
+                kept.append((cycle, hooks))
+                self._in_flight = kept
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            in_flight, self._in_flight = self._in_flight or [], None
+            super().connection_lost(exc)
+            for cycle, hooks in in_flight:
+                if not cycle.response_complete:
+                    for hook in hooks:
+                        hook()
 
         def send_400_response(self, msg: str) -> None:
             body = _bad_request_body(self._why or msg.rstrip("."))

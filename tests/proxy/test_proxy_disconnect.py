@@ -181,3 +181,30 @@ def test_a_watch_sees_the_client_leave_before_it_is_stopped() -> None:
         return watch.gone.is_set()
 
     assert asyncio.run(run())
+
+
+def test_a_watch_under_the_proxys_server_starts_no_task_and_is_called_back() -> None:
+    """Under the proxy's own server the scope carries disconnect hooks: the watch registers
+    one instead of starting a task; a disconnect after stop() is not the call's."""
+    import asyncio
+
+    from dressage.proxy.chat_routes import ClientWatch
+    from dressage.proxy.serving import DISCONNECT_HOOKS
+
+    async def never() -> dict[str, Any]:
+        raise AssertionError("receive() is not awaited when the server calls back")
+
+    async def run() -> tuple[bool, bool, bool]:
+        hooks: list[Callable[[], None]] = []
+        scope = {"type": "http", "extensions": {DISCONNECT_HOOKS: hooks}}
+        watch = ClientWatch(never, scope)
+        tasks_started = watch._task is not None
+        (hook,) = hooks
+        hook()
+        left = watch.gone.is_set()
+        stopped = ClientWatch(never, {"type": "http", "extensions": {DISCONNECT_HOOKS: hooks}})
+        stopped.stop()
+        hooks[-1]()
+        return tasks_started, left, stopped.gone.is_set()
+
+    assert asyncio.run(run()) == (False, True, False)

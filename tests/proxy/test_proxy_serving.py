@@ -59,3 +59,60 @@ def test_a_connection_idle_past_the_clients_expiry_is_still_served(
             time.sleep(UVICORN_DEFAULT_KEEP_ALIVE_S + 0.5)
             sock.sendall(request)
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.integration
+def test_the_server_calls_a_requests_disconnect_hooks_only_when_its_client_leaves_first() -> None:
+    """The proxy's HTTP protocol calls back a request's disconnect hooks (no task per call to
+    wait on receive() for http.disconnect): for a request whose client hung up mid-answer, and
+    never for one it answered, on the same connection before."""
+    import threading
+
+    from dressage.proxy.serving import DISCONNECT_HOOKS
+    from dressage.proxy.testing import serve_app
+
+    called: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        if scope["type"] != "http":
+            return
+        hooks = scope["extensions"][DISCONNECT_HOOKS]
+        path = scope["path"]
+        hooks.append(lambda: called.append(path))
+        if path == "/hold":
+            started.set()
+            while not called:  # held until the client has left
+                await asyncio.sleep(0.01)
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+        release.set()
+
+    with serve_app(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"GET /quick HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            sock.sendall(b"GET /hold HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert started.wait(10)
+        assert release.wait(10), "the held request was never told its client left"
+    assert called == ["/hold"]
+
+
+@pytest.mark.unit
+def test_a_gone_signal_runs_its_callbacks_once_and_forgets_removed_ones() -> None:
+    from dressage.proxy.generation_controller import GoneSignal
+
+    async def run() -> list[str]:
+        seen: list[str] = []
+        gone = GoneSignal()
+        gone.on_set(lambda: seen.append("a"))
+        remove = gone.on_set(lambda: seen.append("removed"))
+        remove()
+        gone.set()
+        gone.set()  # a second set runs nothing again
+        gone.on_set(lambda: seen.append("late"))  # already set: at once
+        await asyncio.wait_for(gone.wait(), 1)
+        return seen
+
+    assert asyncio.run(run()) == ["a", "late"]

@@ -7,7 +7,7 @@ agent. It never raises on model output: text it cannot read as a tool call stays
 from __future__ import annotations
 
 import json
-import uuid
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,7 @@ __all__ = ["ParsedOutput", "ParsedToolCall", "new_call_id", "split_reasoning", "
 
 def new_call_id() -> str:
     """An OpenAI-style tool call id (``call_`` + 24 hex digits)."""
-    return f"call_{uuid.uuid4().hex[:24]}"
+    return f"call_{secrets.token_hex(12)}"
 
 
 @dataclass(frozen=True)
