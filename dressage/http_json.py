@@ -63,22 +63,30 @@ _HUGE = 9.2e18
 float at least this large; ``json`` reads a float literal this large as the same float."""
 
 
-def _huge_float(value: Any) -> bool:
-    """Whether ``value`` holds a float of :data:`_HUGE` or more in size: a walk over its
-    containers (a long string costs nothing, where a scan of the bytes cost a pass over it)."""
+def _shape(value: Any, limit: int | None = None) -> tuple[bool, bool]:
+    """``(huge, deep)``: whether ``value`` holds a float of :data:`_HUGE` or more in size, and
+    whether an array or object lies ``limit`` levels down (never, for None). One walk over the
+    containers, level by level; a long string costs it nothing. A deep value's walk stops at
+    ``limit`` (it is refused whatever its floats)."""
     if type(value) is float:
-        return not -_HUGE < value < _HUGE
-    stack = [value] if type(value) is dict or type(value) is list else []
-    while stack:
-        item = stack.pop()
-        for child in item.values() if type(item) is dict else item:
-            kind = type(child)
-            if kind is float:
-                if not -_HUGE < child < _HUGE:
-                    return True
-            elif kind is dict or kind is list:
-                stack.append(child)
-    return False
+        return not -_HUGE < value < _HUGE, False
+    level = [value] if type(value) is dict or type(value) is list else []
+    huge = False
+    depth = 0
+    while level:
+        if depth == limit:
+            return huge, True
+        below: list[Any] = []
+        for item in level:
+            for child in item.values() if type(item) is dict else item:
+                kind = type(child)
+                if kind is dict or kind is list:
+                    below.append(child)
+                elif kind is float and not -_HUGE < child < _HUGE:
+                    huge = True
+        level = below
+        depth += 1
+    return huge, False
 
 
 class NonFinite(float):
@@ -96,16 +104,19 @@ def loads(raw: bytes) -> Any:
     return _loads(raw)[0]
 
 
-def _loads(raw: bytes) -> tuple[Any, bool]:
-    """:func:`loads`, and whether ``json`` read it (orjson refused it, or read an integer past
-    64 bits as a float)."""
+def _loads(raw: bytes, limit: int | None = None) -> tuple[Any, bool, bool]:
+    """:func:`loads`, whether ``json`` read it (orjson refused it, or read an integer past
+    64 bits as a float), and whether it nests ``limit`` levels deep (:func:`_shape`)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(raw, parse_constant=_non_finite), True
-    if _huge_float(value):
-        return json.loads(raw, parse_constant=_non_finite), True
-    return value, False
+        value = json.loads(raw, parse_constant=_non_finite)
+        return value, True, _shape(value, limit)[1] if limit is not None else False
+    huge, deep = _shape(value, limit)
+    if huge:
+        value = json.loads(raw, parse_constant=_non_finite)
+        return value, True, _shape(value, limit)[1] if limit is not None else False
+    return value, False, deep
 
 
 def loads_engine(raw: bytes) -> Any:
@@ -227,31 +238,15 @@ def parse_json_body(raw: bytes, *, what: str = "the request body") -> Any:
     """``raw`` as a JSON value, or :class:`JSONBodyError` (see the module docstring);
     ``what`` names the text in messages."""
     try:
-        value, by_json = _loads(raw)
+        value, by_json, deep = _loads(raw, MAX_DEPTH)
     except RecursionError:
         raise JSONBodyError(
             f"{what} nests arrays and objects deeper than {MAX_DEPTH} levels"
         ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise JSONBodyError(f"{what} is not valid JSON: {exc}") from None
-    deep = _nests_deeper(value, MAX_DEPTH)
     # orjson refuses a lone surrogate: only a body that json read may hold one
     surrogates = by_json and _SURROGATE_ESCAPE.search(raw) is not None
     if deep or surrogates:
         _walk(value, depth_limit=deep, surrogates=surrogates, what=what)
     return value
-
-
-def _nests_deeper(value: Any, limit: int) -> bool:
-    """Whether an array or object of ``value`` lies ``limit`` levels down (what :func:`_walk`
-    refuses, and then names): a walk over the containers alone, level by level."""
-    level = [value] if isinstance(value, dict | list) else []
-    for _ in range(limit):
-        below: list[Any] = []
-        for item in level:
-            children = item.values() if isinstance(item, dict) else item
-            below += [c for c in children if isinstance(c, dict | list)]
-        if not below:
-            return False
-        level = below
-    return True
