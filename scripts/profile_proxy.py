@@ -298,6 +298,7 @@ def profile_level(
     try:
         load = ["--mode", "proxy", "--sessions", str(sessions), "--proxy", url]
         load += ["--seed", f"p{sessions}", "--seconds", str(args.seconds)]
+        load += ["--stream"] if args.stream else []
         r = bench.run_role("load", *common, *load)
         cpu = bench._cpu_s(proxy_pid) - cpu
     finally:
@@ -365,8 +366,9 @@ def main() -> int:
     levels = []
     try:
         with _stderr_to(services_log):
+            paced = ["--stream-interval-ms", str(bench.STREAM_INTERVAL_MS)] if args.stream else []
             engine, engine_url = bench.spawn(
-                1, ["-m", "dressage.proxy.testing", "--output-file", str(output_file)],
+                1, ["-m", "dressage.proxy.testing", "--output-file", str(output_file), *paced],
                 "SCRIPTED_ENGINE_URL=",
             )  # fmt: skip
             proxy, url = bench.proxy_process(engine_url, str(tmp / "store"))
@@ -397,6 +399,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level")
     p.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     p.add_argument("--raw-dir", default="", help="keep py-spy's raw stacks here")
+    p.add_argument("--stream", action="store_true",
+                   help="the calls stream, from an engine that paces its chunks as the "
+                        "bench's streaming part does (its level: --sessions 16)")  # fmt: skip
     return p.parse_args()
 
 

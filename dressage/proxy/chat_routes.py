@@ -257,6 +257,7 @@ async def _stream(
             return sse_chunk(cid, created, model, delta, finish_reason=finish,
                              with_usage_key=include_usage, logprobs=logprobs)  # fmt: skip
 
+        last: list[bytes] = []  # the closing events, sent in one write with [DONE]
         try:
             yield chunk({"role": "assistant", "content": ""})
             async for event in events:
@@ -266,26 +267,26 @@ async def _stream(
                     result = event.result
                     rest = event.logprobs  # the tokens no delta carried yet, on the next chunk
                     if event.fields:
-                        yield chunk(event.fields, logprobs=rest)
+                        last.append(chunk(event.fields, logprobs=rest))
                         rest = None
                     for delta in sse_tool_call_deltas(result.message):
-                        yield chunk(delta, logprobs=rest)
+                        last.append(chunk(delta, logprobs=rest))
                         rest = None
-                    yield chunk({}, result.finish_reason, logprobs=rest)
+                    last.append(chunk({}, result.finish_reason, logprobs=rest))
                     if include_usage:
                         usage = usage_block(
                             result.prompt_tokens, result.completion_tokens, result.cached_tokens
                         )
-                        yield sse_chunk(cid, created, model, None, usage=usage)
+                        last.append(sse_chunk(cid, created, model, None, usage=usage))
         except (ProxyError, EngineError, StoreError) as exc:
             # The HTTP status is sent already: the error travels in the stream (the SDK raises).
             error = as_proxy_error(exc)
             if error.status != ClientClosedRequest.status:
                 log.error("session %s: stream failed: %s", session_id, exc)
-            yield b"data: " + dumps(error.body()) + b"\n\n"
+            last.append(b"data: " + dumps(error.body()) + b"\n\n")
         finally:
             await events.aclose()
-        yield SSE_DONE
+        yield b"".join([*last, SSE_DONE])
 
     return _EventStream(sse(), watch, session_id)
 

@@ -14,6 +14,7 @@ the router) is :mod:`~dressage.proxy.engine_client`'s part.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -191,8 +192,26 @@ async def read_stream(
         yield out
         received += len(out.output_ids)
         if out.finish is not None:
+            await _drain(lines)
             return
     raise EngineError(url, f"request {rid}: the stream ended without a finish_reason")
+
+
+DRAIN_S = 1.0
+"""How long a stream's rest (``[DONE]``, the end of the body) is waited for after its finish."""
+
+
+async def _drain(lines: AsyncIterator[bytes]) -> None:
+    """Read the stream past its finish: SGLang sends ``data: [DONE]`` and ends the body at once,
+    and a body read to its end lets the connection serve the next request (left unread, it is
+    closed, and the next streamed call opens another). The answer is whole already, so what
+    fails here, or takes longer than :data:`DRAIN_S`, only costs the connection."""
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            async for _ in lines:
+                pass
+    except (TimeoutError, ConnectionError, OSError, ValueError, asyncio.IncompleteReadError):
+        return
 
 
 def _tops(meta: dict[str, Any], start: int) -> list[list[tuple[float, int]]]:

@@ -163,6 +163,25 @@ def test_a_stream_sent_at_once_or_chunked_and_paced_gives_each_token_once(
         assert [out.output_ids for out in outs] == [[i] for i in ids]
 
 
+def test_a_finished_stream_is_read_to_its_end_and_its_connection_reused() -> None:
+    """After the finish chunk the client reads the rest ([DONE], the body's end), so the next
+    streamed call goes over the same connection instead of a new one."""
+    with _engine(EngineReply([5, 6]), stream_interval_s=0.002) as engine:
+        client = EngineClient(engine.url)
+
+        async def twice() -> tuple[list[int], int]:
+            ids, idle = [], []
+            for k in range(2):
+                async for out in client.generate_stream(PromptIds.of([1]), {}, rid=f"r-{k}"):
+                    ids += out.output_ids
+                idle.append(len(client._pool._idle))
+            return ids, idle
+
+        ids, idle = _run(_with(client, twice()))
+    assert ids == [5, 6, 5, 6]
+    assert idle == [1, 1], "the connection went back to the pool after each stream"
+
+
 def test_a_stream_error_event_is_an_error() -> None:
     async def lines() -> AsyncIterator[bytes]:
         yield b'data: {"error": {"message": "bad input", "code": 400}}'
