@@ -772,14 +772,16 @@ def _children_cpu_s(pid: int) -> float:
     return total
 
 
-def _workers_run(engine_url: str, tmp: Path, common: list[str]) -> dict[str, Any]:
-    """Calls/s at 256 sessions through a plain proxy and through a front with 2 and 4 workers,
+def _workers_run(
+    engine_url: str, tmp: Path, common: list[str], counts: tuple[int, ...] = WORKER_COUNTS
+) -> dict[str, Any]:
+    """Calls/s at 256 sessions through a plain proxy and through a front with ``counts`` workers,
     none of them pinned (they share the machine with the harness, pinned to core 1), against the
     direct ceiling; with the front's own CPU per call (its reading of heads and splicing)."""
     direct = run_role("load", *common, "--mode", "direct", "--sessions", "256",
                       "--proxy", engine_url)  # fmt: skip
     runs: dict[str, dict[str, Any]] = {}
-    for workers in WORKER_COUNTS:
+    for workers in counts:
         name = f"{workers}"
         proxy, url = proxy_process(
             engine_url, str(tmp / f"store-{name}"), core=None, workers=workers
@@ -911,7 +913,7 @@ def main(args: argparse.Namespace) -> int:
         if "rss" in parts:
             rss = _rss_run(engine_url, tmp, common, args.rss_seconds, args.rss_interval)
         if "workers" in parts:
-            scaling = _workers_run(engine_url, tmp, common)
+            scaling = _workers_run(engine_url, tmp, common, tuple(args.worker_counts))
         if "cpu_ab" in parts:
             ab = _cpu_ab(engine_url, tmp, common, checkout(args.before, tmp), args.ab_rounds)
     finally:
@@ -1045,6 +1047,8 @@ def _args() -> argparse.Namespace:
                    help="main: seconds between RSS samples")  # fmt: skip
     p.add_argument("--before", default="",
                    help="main, --parts cpu_ab: the commit whose proxy to compare with")  # fmt: skip
+    p.add_argument("--worker-counts", type=int, nargs="+", default=list(WORKER_COUNTS),
+                   help="main, --parts workers: proxy processes (1: a plain proxy)")  # fmt: skip
     p.add_argument("--ab-rounds", type=int, default=AB_ROUNDS,
                    help="main, --parts cpu_ab: runs of each proxy at each level")  # fmt: skip
     p.add_argument("--mode", choices=["direct", "proxy"], default="proxy")
