@@ -2,7 +2,13 @@
 
 Tables: ``steps`` (proxy calls), ``segments``, ``samples`` (slime ``Sample`` rows),
 ``train_data`` (slime train_data, one row per sample) and ``manifest_files``.
+
+The pandera side (``MODELS``, ``validate_table`` and the rest of
+:mod:`~dressage.schemas.validate`) is imported when first named: the proxy builds Arrow tables
+from this package and runs where polars and pandera need not be installed.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from dressage.schemas.arrow import (
     SCHEMA_VERSION,
@@ -13,7 +19,6 @@ from dressage.schemas.arrow import (
     schema_for,
     schema_hash,
 )
-from dressage.schemas.models import MODELS
 from dressage.schemas.tables import (
     samples_from_table,
     samples_to_table,
@@ -24,13 +29,37 @@ from dressage.schemas.tables import (
     train_data_from_table,
     train_data_to_table,
 )
-from dressage.schemas.validate import (
-    Failure,
-    SchemaValidationError,
-    ValidationReport,
-    schema,
-    validate_table,
-)
+
+if TYPE_CHECKING:
+    from dressage.schemas.models import MODELS
+    from dressage.schemas.validate import (
+        Failure,
+        SchemaValidationError,
+        ValidationReport,
+        schema,
+        validate_table,
+    )
+
+_LAZY = {
+    "MODELS": "dressage.schemas.models",
+    "Failure": "dressage.schemas.validate",
+    "SchemaValidationError": "dressage.schemas.validate",
+    "ValidationReport": "dressage.schemas.validate",
+    "schema": "dressage.schemas.validate",
+    "validate_table": "dressage.schemas.validate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "MODELS",

@@ -116,3 +116,22 @@ def test_a_gone_signal_runs_its_callbacks_once_and_forgets_removed_ones() -> Non
         return seen
 
     assert asyncio.run(run()) == ["a", "late"]
+
+
+@pytest.mark.unit
+def test_the_proxy_imports_no_polars_nor_pandera() -> None:
+    """A proxy host needs neither: the store builds its Arrow tables without the pandera side
+    of dressage.schemas, which is imported only when a check names it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dressage.proxy.server, dressage.schemas; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pandera'})); "
+        "dressage.schemas.validate_table; "
+        "print('pandera' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split("\n")
+    assert out[:2] == ["[]", "True"], out
