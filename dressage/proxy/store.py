@@ -70,16 +70,16 @@ import fcntl
 import os
 from collections.abc import Awaitable, Generator, Iterable
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from dressage.proxy.store_format import FORMAT_FIELDS, decode, encode, identity
 from dressage.proxy.store_index import SessionIndex, SessionRecord, SessionStatus
 from dressage.proxy.store_replay import ReplayReport, replay
 from dressage.proxy.store_segments import Damage, build_segments
-from dressage.schemas import segments_to_table, steps_to_table
 from dressage.trajectory import Segment, StepRecord
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "LOG_NAME",
@@ -293,11 +293,15 @@ class TrajectoryStore:
 
     def steps_table(self, session_ids: Iterable[str] | None = None) -> pa.Table:
         """Steps of open and finalized sessions (not discarded ones), canonical schema."""
+        from dressage.schemas import steps_to_table  # pyarrow: the export's, not serving's
+
         ids = self._exportable(session_ids, {"open", "finalized"})
         return steps_to_table([s for sid in ids for s in self.read_steps(sid)])
 
     def segments_table(self, session_ids: Iterable[str] | None = None) -> pa.Table:
         """Segments of finalized sessions, canonical schema."""
+        from dressage.schemas import segments_to_table
+
         ids = self._exportable(session_ids, {"finalized"})
         return segments_to_table([s for sid in ids for s in self.segments(sid)])
 

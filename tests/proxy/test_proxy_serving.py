@@ -119,15 +119,16 @@ def test_a_gone_signal_runs_its_callbacks_once_and_forgets_removed_ones() -> Non
 
 
 @pytest.mark.unit
-def test_the_proxy_imports_no_polars_nor_pandera() -> None:
-    """A proxy host needs neither: the store builds its Arrow tables without the pandera side
-    of dressage.schemas, which is imported only when a check names it."""
+def test_the_proxy_imports_no_polars_pandera_nor_pyarrow() -> None:
+    """A proxy host needs none of them to serve: the store's Arrow tables are an export's, and
+    dressage.schemas imports its pandera side only when a check names it."""
     import subprocess
     import sys
 
     code = (
-        "import sys, dressage.proxy.server, dressage.schemas; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pandera'})); "
+        "import sys, dressage.proxy.server; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pandera', 'pyarrow'})); "
+        "import dressage.schemas; "
         "dressage.schemas.validate_table; "
         "print('pandera' in sys.modules)"
     )
