@@ -110,13 +110,13 @@ def _loads(raw: bytes, limit: int | None = None) -> tuple[Any, bool, bool]:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        value = json.loads(raw, parse_constant=_non_finite)
-        return value, True, _shape(value, limit)[1] if limit is not None else False
-    huge, deep = _shape(value, limit)
-    if huge:
-        value = json.loads(raw, parse_constant=_non_finite)
-        return value, True, _shape(value, limit)[1] if limit is not None else False
-    return value, False, deep
+        pass
+    else:
+        huge, deep = _shape(value, limit)
+        if not huge:
+            return value, False, deep
+    value = json.loads(raw, parse_constant=_non_finite)
+    return value, True, _shape(value, limit)[1]
 
 
 def loads_engine(raw: bytes) -> Any:

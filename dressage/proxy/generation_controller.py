@@ -261,7 +261,7 @@ class GenerationController:
         return f"{request_id}-{generation.engine_requests}"
 
     async def _resume(
-        self, session_id: str, generation: Generation, gone: asyncio.Event | None
+        self, session_id: str, generation: Generation, gone: GoneSignal | None
     ) -> bool:
         if generation.finish_type != "abort" or generation.client_gone:
             return False
@@ -272,7 +272,7 @@ class GenerationController:
         return resume
 
     async def _admit(
-        self, session_id: str, generation: Generation, gone: asyncio.Event | None
+        self, session_id: str, generation: Generation, gone: GoneSignal | None
     ) -> bool:
         """Admit the next engine request; False when the agent left first (none is sent)."""
         if gone is not None and gone.is_set():
@@ -287,36 +287,23 @@ class GenerationController:
 
     @contextmanager
     def _abort_when_gone(
-        self, rid: str, generation: Generation, gone: asyncio.Event | None
+        self, rid: str, generation: Generation, gone: GoneSignal | None
     ) -> Iterator[None]:
         """While the block runs, a client disconnect aborts engine request ``rid``: the engine
         then ends it with what it has generated, which the block receives as usual."""
         if gone is None:
             yield
             return
-        if isinstance(gone, GoneSignal):  # a callback, not a task per engine request
 
-            def aborted() -> None:
-                generation.client_gone = True
-                self._abort_in_background(rid)
-
-            remove = gone.on_set(aborted)
-            try:
-                yield
-            finally:
-                remove()
-            return
-
-        async def watch() -> None:
-            await gone.wait()
+        def aborted() -> None:  # a callback, not a task per engine request
             generation.client_gone = True
-            await self._abort(rid)
+            self._abort_in_background(rid)
 
-        task = asyncio.get_running_loop().create_task(watch())
+        remove = gone.on_set(aborted)
         try:
             yield
         finally:
-            task.cancel()
+            remove()
 
     async def generate(
         self,
@@ -326,7 +313,7 @@ class GenerationController:
         *,
         request_id: str,
         keep_partial: bool = False,
-        client_gone: asyncio.Event | None = None,
+        client_gone: GoneSignal | None = None,
         top_logprobs: int = 0,
     ) -> Generation:
         """Generate to a final finish (stop, length, or an abort that is not resumed)."""
@@ -365,7 +352,7 @@ class GenerationController:
         *,
         request_id: str,
         keep_partial: bool = False,
-        client_gone: asyncio.Event | None = None,
+        client_gone: GoneSignal | None = None,
         top_logprobs: int = 0,
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Like :meth:`generate`, yielding tokens as the engine streams them."""
@@ -429,7 +416,7 @@ class _Gone:
     """What :func:`_unless_gone` returns when the agent left first."""
 
 
-async def _unless_gone(awaitable: Awaitable[T], gone: asyncio.Event | None) -> T | _Gone:
+async def _unless_gone(awaitable: Awaitable[T], gone: GoneSignal | None) -> T | _Gone:
     """``await awaitable``, or :class:`_Gone` (it is cancelled) when ``gone`` is set first."""
     if gone is None:
         return await awaitable

@@ -23,15 +23,17 @@ is in :mod:`~dressage.proxy.openai_schema`.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dressage.http_json import dumps as fast_dumps
 from dressage.proxy.errors import BadRequest
 from dressage.proxy.request_fields import unknown_fields
+
+if TYPE_CHECKING:
+    from dressage.proxy.generation_controller import GoneSignal
 
 __all__ = [
     "SSE_DONE",
@@ -115,7 +117,7 @@ class ChatRequest:
         """``json_schema`` or ``json_object`` (checked); None for text."""
         self.partial_rollout = partial_rollout
         """The call's ``X-Dressage-Partial-Rollout: 1`` header (set by the server, not the body)."""
-        self.client_gone: asyncio.Event | None = None
+        self.client_gone: GoneSignal | None = None
         """Set by the server when the agent's connection closes (see ``sessions``)."""
 
 

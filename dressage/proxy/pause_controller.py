@@ -150,24 +150,24 @@ class PauseController:
     def admit_now(self, session_id: str, generation: Generation) -> bool:
         if self.paused:
             return False
-        if generation.engine_requests == 0 and not generation.pauses:
+        if _first_request(generation):
             self._check_cap(session_id)
         self._enter(generation)
         return True
 
     async def admit(self, session_id: str, generation: Generation) -> None:
-        first_request = generation.engine_requests == 0 and not generation.pauses
+        if self.admit_now(session_id, generation):
+            return
+        first_request = _first_request(generation)
         if first_request:
             self._check_cap(session_id)
-        waited = False
         while self.paused:  # re-checked after waking: another pause may have begun
-            waited = True
             self._waiting += 1
             try:
                 await self._running.wait()
             finally:
                 self._waiting -= 1
-        if waited and first_request:
+        if first_request:  # the pause may have put the session over the cap
             self._check_cap(session_id)
         self._enter(generation)
 
@@ -405,3 +405,8 @@ class PauseController:
             "last_pause": self.last_pause,
             "last_resume": self.last_resume,
         }
+
+
+def _first_request(generation: Generation) -> bool:
+    """The call's first engine request (not one after a pause): the pause cap is checked then."""
+    return generation.engine_requests == 0 and not generation.pauses
