@@ -266,6 +266,9 @@ def test_per_sample_agent_and_env_settings(proxy_url: str, monkeypatch: pytest.M
     assert ok.metadata[AGENT_META]["agent"] == "compacting"
 
 
+GENERATED = 1024
+
+
 async def _pause_once_in_flight(url: str) -> None:
     """Pause the proxy once a call generates (it has tokens by then), then resume it."""
     proxy = ProxyClient(url)
@@ -274,11 +277,13 @@ async def _pause_once_in_flight(url: str) -> None:
             if (await proxy.pause_state())["in_flight"]:
                 break
             await asyncio.sleep(0.01)
+        seen = time.monotonic()
         await asyncio.sleep(0.3)
         report = await proxy.pause_rollout("dispatch test", timeout_seconds=60)
-        assert report["in_flight_at_pause"] == 1, report
+        waited = time.monotonic() - seen  # the evidence if a stalled loop let the call finish
+        assert report["in_flight_at_pause"] == 1, (round(waited, 3), report)
+    finally:  # never leaves the module's proxy paused for the next test
         await proxy.resume_rollout(reason="dispatch test")
-    finally:
         await proxy.aclose()
 
 
@@ -296,7 +301,9 @@ def test_partial_rollout_keeps_the_agent_calls_tokens_across_a_pause(
     # slime's --partial-rollout; the proxy runs without --dressage-partial-rollout
     args = _args(proxy_url, dressage_agent=agent, dressage_agent_max_turns=1)
     args.partial_rollout = partial_rollout
-    params = {**PARAMS, "max_new_tokens": 300}  # long enough to be caught by the pause
+    # long enough to be caught by the pause 0.3 s in: about 5 s on one CPU core, so a loaded
+    # CI machine that stalls the test's loop for a second still pauses it mid-generation
+    params = {**PARAMS, "max_new_tokens": GENERATED}
 
     async def run() -> list[Sample]:
         samples, _ = await asyncio.gather(
@@ -315,7 +322,7 @@ def test_partial_rollout_keeps_the_agent_calls_tokens_across_a_pause(
         assert extra["discarded_tokens"] > 0
     assert extra.get("partial_rollout") == asked  # how the proxy was asked: header or session
     assert extra["segment"]["flags"]["dressage_partial_rollout"] is partial_rollout
-    assert len(step["output_ids"]) == 300 and sum(sample.loss_mask or []) == 300
+    assert len(step["output_ids"]) == GENERATED and sum(sample.loss_mask or []) == GENERATED
 
 
 def test_partial_rollout_setting_comes_from_slime_args_or_the_environment(
