@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
 __all__ = ["NO_VERSION", "FinishReason", "Segment", "StepRecord"]
@@ -80,7 +81,10 @@ class StepRecord:
         if self.step_index < 0 or self.segment_index < 0 or self.prefix_length < 0:
             raise ValueError(f"{where}: negative step_index, segment_index or prefix_length")
         FinishReason.parse(self.finish_reason)
-        for i, lp in enumerate(self.output_logprobs):
+        logprobs = self.output_logprobs
+        if logprobs and max(logprobs) <= 0.0 and math.isfinite(sum(logprobs)):
+            return  # in C: a NaN or an infinity makes the sum not finite, then the loop names it
+        for i, lp in enumerate(logprobs):
             if not (math.isfinite(lp) and lp <= 0.0):
                 raise ValueError(f"{where}: output_logprobs[{i}]={lp!r} is not finite and <= 0")
 
@@ -127,7 +131,7 @@ class Segment:
         FinishReason.parse(self.finish_reason)
         if not 0 <= self.prompt_length <= n:
             raise ValueError(f"{where}: prompt_length {self.prompt_length} outside [0, {n}]")
-        if any(m not in (0, 1) for m in self.full_loss_mask):
+        if not _zeros_and_ones(self.full_loss_mask):
             raise ValueError(f"{where}: full_loss_mask has values other than 0 and 1")
         if any(self.full_loss_mask[: self.prompt_length]):
             raise ValueError(f"{where}: prompt tokens must have loss mask 0")
@@ -172,10 +176,15 @@ class Segment:
             d, o = len(step.prompt_delta_ids), len(step.output_ids)
             tokens += step.prompt_delta_ids
             tokens += step.output_ids
-            mask += [0] * d + [1] * o
-            logprobs += [0.0] * d + list(step.output_logprobs)
-            versions += [NO_VERSION] * d + list(step.output_versions)
-        distinct = sorted({v for v in versions if v != NO_VERSION})
+            mask += [0] * d
+            mask += [1] * o
+            logprobs += [0.0] * d
+            logprobs += step.output_logprobs
+            versions += [NO_VERSION] * d
+            versions += step.output_versions
+        seen = set(versions)
+        seen.discard(NO_VERSION)
+        distinct = sorted(seen)
         info = {"weight_versions": distinct, **(extra_info or {})}
         return cls(
             session_id=head.session_id,
@@ -198,8 +207,21 @@ class Segment:
         return cls(**_known(cls, data))
 
 
+def _zeros_and_ones(values: list[Any]) -> bool:
+    """Every value equals 0 or 1 (``True`` and ``1.0`` do), in one pass in C."""
+    try:
+        return set(values) <= {0, 1}
+    except TypeError:  # an unhashable value (a list) is neither
+        return False
+
+
+@cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
+    names = _field_names(cls)
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown fields {unknown}")

@@ -63,6 +63,8 @@ def test_from_steps_rejects_steps_of_another_segment() -> None:
     [
         ({"full_loss_mask": [0, 1]}, "tokens has 3 entries"),
         ({"full_loss_mask": [0, 2, 1]}, "other than 0 and 1"),
+        ({"full_loss_mask": [0, [1], 1]}, "other than 0 and 1"),
+        ({"full_loss_mask": [0, 1, -1]}, "other than 0 and 1"),
         ({"finish_reason": "done"}, "finish_reason 'done'"),
         ({"prompt_length": 2}, "prompt tokens must have loss mask 0"),
         ({"prompt_length": 9}, "outside"),
@@ -84,11 +86,24 @@ def test_segment_rejects_bad_shapes(change: dict, message: str) -> None:
         Segment(**fields)  # type: ignore[arg-type]
 
 
+def test_a_mask_of_true_and_1_0_is_a_mask_of_ones() -> None:
+    seg = Segment("s", 0, [1, 2, 3], [0, True, 1.0], [0.0, -1.0, -1.0], [], "stop", prompt_length=1)
+    assert seg.loss_mask_sum == 2
+
+
 def test_step_rejects_misaligned_outputs_and_bad_logprobs() -> None:
     with pytest.raises(ValueError, match="same length"):
         StepRecord("s", 0, 0, 0, [1], [2, 3], [-1.0], [0, 0], "stop", [], 0.0, 0.0)
     with pytest.raises(ValueError, match=r"output_logprobs\[0\]"):
         StepRecord("s", 0, 0, 0, [1], [2], [math.nan], [0], "stop", [], 0.0, 0.0)
+    for i, bad in enumerate([math.nan, -math.inf, math.inf, 0.25, 1e-300]):
+        logprobs = [-1.0, -2.0, -3.0]
+        logprobs[i % 3] = bad
+        with pytest.raises(ValueError, match=rf"output_logprobs\[{i % 3}\]={bad!r} is not"):
+            StepRecord("s", 0, 0, 0, [1], [2, 3, 4], logprobs, [0] * 3, "stop", [], 0.0, 0.0)
+    # finite and <= 0, though their sum overflows: accepted, as one by one
+    big = StepRecord("s", 0, 0, 0, [1], [2, 3], [-1e308, -1e308], [0, 0], "stop", [], 0.0, 0.0)
+    assert big.output_logprobs == [-1e308, -1e308]
     with pytest.raises(ValueError, match="finish_reason"):
         StepRecord("s", 0, 0, 0, [1], [2], [-1.0], [0], "eos", [], 0.0, 0.0)
 

@@ -24,7 +24,7 @@ import re
 import zlib
 from typing import Any
 
-from dressage.http_json import dumps, loads
+from dressage.http_json import dumps, loads_record
 
 __all__ = [
     "FORMAT_FIELDS",
@@ -90,7 +90,7 @@ def decode(line: bytes) -> dict[str, Any] | None:
     try:
         if int(line[:8], 16) != zlib.crc32(payload):
             return None
-        record = loads(payload)
+        record = loads_record(payload)
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
