@@ -96,8 +96,13 @@ def _flat_numbers(items: list[Any]) -> bool:
     """Whether ``items`` is numbers alone, all of them under :data:`_HUGE` in size: two passes
     in C (a token-id or log-prob list, a few µs), instead of a Python step per item. False for
     anything else (a container, a string, None, a huge or NaN value): the caller walks it."""
+    if not items:
+        return True
+    first = type(items[0])
+    if first is not int and first is not float:  # messages, parts, tools: no exception raised
+        return False
     try:
-        return not items or (-_HUGE < min(items) and max(items) < _HUGE)
+        return -_HUGE < min(items) and max(items) < _HUGE
     except TypeError:  # a dict, None or a str beside a number; a list compared with a float
         return False
 

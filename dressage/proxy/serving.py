@@ -100,6 +100,8 @@ def _load_protocols() -> tuple[type[Any], ...]:
                 kept = [p for p in self._in_flight or () if not p[0].response_complete]
                 kept.append((cycle, hooks))
                 self._in_flight = kept
+                if self.scope["method"] != "HEAD":  # uvicorn writes no body for a HEAD
+                    cycle.send = _one_write(cycle)
 
         def connection_lost(self, exc: Exception | None) -> None:
             in_flight, self._in_flight = self._in_flight or [], None
@@ -118,6 +120,67 @@ def _load_protocols() -> tuple[type[Any], ...]:
             self.transport.close()
 
     return (JSONErrorsHttpTools, JSONErrorsH11)
+
+
+class _Held:
+    """A transport that keeps what is written to it, for :func:`_one_write`."""
+
+    __slots__ = ("parts", "transport")
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, ...
+        return getattr(self.transport, name)
+
+    def flush(self) -> None:
+        parts, self.parts = self.parts, []
+        if parts and not self.transport.is_closing():
+            self.transport.write(b"".join(parts))
+
+    def close(self) -> None:  # uvicorn closes after the last body part when not keep-alive
+        self.flush()
+        self.transport.close()
+
+
+def _sized(message: Any) -> bool:
+    return any(name.lower() == b"content-length" for name, _ in message.get("headers", ()))
+
+
+def _one_write(cycle: Any) -> Callable[[Any], Any]:
+    """``cycle.send`` for which a whole answer (one with a Content-Length) leaves in one write:
+    uvicorn writes the status line and headers when the answer starts, then the body, two
+    system calls where one does. The head is held until the body's first part. A streamed
+    answer (no Content-Length) is written as it comes: its head goes out at once."""
+    send = cycle.send
+    held: _Held | None = None
+
+    async def send_in_one_write(message: Any) -> None:
+        nonlocal held
+        if held is not None:  # the body after a held head
+            pending, held = held, None
+            try:
+                await send(message)
+            finally:
+                cycle.transport = pending.transport
+                pending.flush()
+            return
+        if message["type"] != "http.response.start" or not _sized(message):
+            await send(message)
+            return
+        held = _Held(cycle.transport)
+        cycle.transport = held
+        try:
+            await send(message)
+        except BaseException:
+            cycle.transport, held = held.transport, None
+            raise
+
+    return send_in_one_write
 
 
 def http_protocol() -> type[Any]:

@@ -136,3 +136,98 @@ def test_the_proxy_imports_no_polars_pandera_nor_pyarrow() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     ).stdout.split("\n")
     assert out[:2] == ["[]", "True"], out
+
+
+class _RecordingTransport(asyncio.Transport):
+    """The socket's side of uvicorn's protocol: what it writes, in order, and when it closes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[bytes | str] = []
+        self.closing = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert not self.closing, "written after close"
+        self.events.append(bytes(data))
+
+    def close(self) -> None:
+        self.closing = True
+        self.events.append("close")
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"peername": ("127.0.0.1", 5), "sockname": ("127.0.0.1", 8)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _exchange(request: bytes, app: object) -> list[bytes | str]:
+    """Feed ``request`` to the proxy's HTTP protocol (uvicorn's, real) and return its writes."""
+    from uvicorn.server import ServerState
+
+    from dressage.proxy.serving import uvicorn_config
+
+    async def run() -> list[bytes | str]:
+        config = uvicorn_config(app, lifespan="off")
+        config.load()
+        protocol = config.http_protocol_class(
+            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+        )
+        transport = _RecordingTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(request)
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if protocol.cycle is not None and protocol.cycle.response_complete:
+                break
+        await asyncio.sleep(0.01)
+        events = list(transport.events)
+        protocol.connection_lost(None)  # the client leaves (uvicorn closes its side then)
+        return events
+
+    return asyncio.run(run())
+
+
+async def _sized_app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+    body = b'{"ok":true}'
+    if scope["method"] == "POST":
+        body = (await receive())["body"]  # type: ignore[operator]
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+
+
+async def _streamed_app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+    await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+    for part in (b"data: 1\n\n", b"data: 2\n\n"):
+        await send({"type": "http.response.body", "body": part, "more_body": True})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+
+@pytest.mark.unit
+def test_a_whole_answer_leaves_in_one_write_and_a_stream_as_it_comes() -> None:
+    get = b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n"
+    (one,) = _exchange(get, _sized_app)
+    assert isinstance(one, bytes) and one.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert one.endswith(b'\r\n\r\n{"ok":true}')
+    # the client asks to close: the answer is written whole before the close
+    events = _exchange(get.replace(b"host: x", b"host: x\r\nconnection: close"), _sized_app)
+    assert len(events) == 2 and events[1] == "close" and b'{"ok":true}' in events[0]
+    # a HEAD gets its head (uvicorn writes no body for it)
+    (head,) = _exchange(get.replace(b"GET", b"HEAD"), _sized_app)
+    assert isinstance(head, bytes) and head.endswith(b"\r\n\r\n") and b"ok" not in head
+    # Expect: 100-continue: the interim answer goes out before the body is read, on its own
+    post = b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nexpect: 100-continue\r\n\r\nhi"
+    interim, answer = _exchange(post, _sized_app)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert isinstance(answer, bytes) and answer.endswith(b"\r\n\r\nhi")
+    # a stream: the head first, then each part as it is sent
+    events = _exchange(get, _streamed_app)
+    assert [e[:15] for e in events if isinstance(e, bytes)][0] == b"HTTP/1.1 200 OK"
+    assert b"data: 1" not in events[0] and len(events) == 4  # head, 2 parts, the last chunk
