@@ -37,6 +37,9 @@ def serve_router(
     command = [
         sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", worker_url,
         "--host", "127.0.0.1", "--port", str(port), "--disable-retries", "--log-level", "warn",
+        # its metrics listener defaults to the fixed port 29000: two routers at once (tests
+        # in parallel) collided there, and the second one failed to start
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with log_file.open("wb") as log:
