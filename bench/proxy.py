@@ -518,8 +518,14 @@ def _rss_kb(pid: int) -> int:
 
 
 def _cpu_s(pid: int) -> float:
+    return sum(_cpu_times(pid))
+
+
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds so far (``/proc/PID/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def stop_process(proc: subprocess.Popen[str]) -> None:
@@ -734,22 +740,29 @@ def _cpu_ab(
         "after": proxy_process(engine_url, str(tmp / "store-ab-after")),
     }
     runs: dict[str, dict[int, list[float]]] = {k: {n: [] for n in LEVELS} for k in proxies}
+    system: dict[str, dict[int, list[float]]] = {k: {n: [] for n in LEVELS} for k in proxies}
     try:
         for n in LEVELS:
             for k in range(rounds):
                 for name, (proc, url) in proxies.items():
-                    cpu = _cpu_s(proc.pid)
+                    user0, sys0 = _cpu_times(proc.pid)
                     r = run_role("load", *common, "--mode", "proxy", "--sessions", str(n),
                                  "--proxy", url, "--seed", f"ab-{name}-{n}-{k}")  # fmt: skip
-                    runs[name][n].append((_cpu_s(proc.pid) - cpu) / r["total_calls"] * 1e6)
+                    user1, sys1 = _cpu_times(proc.pid)
+                    spent = user1 - user0 + sys1 - sys0
+                    runs[name][n].append(spent / r["total_calls"] * 1e6)
+                    system[name][n].append((sys1 - sys0) / spent if spent else 0.0)
     finally:
         for proc, _ in proxies.values():
             stop_process(proc)
-    print(f"{'sessions':>8} {'before us/call':>15} {'after us/call':>14} {'after/before':>12}")
+    print(f"{'sessions':>8} {'before us/call':>15} {'after us/call':>14} {'after/before':>12}"
+          f" {'after system':>12}")  # fmt: skip
     out: dict[str, Any] = {}
     for n in LEVELS:
         b, a = statistics.median(runs["before"][n]), statistics.median(runs["after"][n])
-        print(f"{n:8d} {b:15.0f} {a:14.0f} {a / b:12.3f}")
+        kernel = statistics.median(system["after"][n])  # the share in system calls
+        print(f"{n:8d} {b:15.0f} {a:14.0f} {a / b:12.3f} {kernel:12.1%}")
+        out[f"ab_after_system_share_{n}"] = round(kernel, 3)
         out[f"ab_before_cpu_us_per_call_{n}"] = round(b, 1)
         out[f"ab_after_cpu_us_per_call_{n}"] = round(a, 1)
         out[f"ab_ratio_{n}"] = round(a / b, 3)
