@@ -58,6 +58,11 @@ CHECKS: list[tuple[str, str]] = [
     (r"\.venv/bin/python -m dressage\.slime\.model_flags \S+", "run"),
     (r"python -m dressage\.slime\.torch_dist to-(torch-dist|hf) .*", _GPU_TIER),
     (_ENV + r"\.venv/bin/python -m pytest -m megatron_gpu tests/real_slime/", _GPU_TIER),
+    (
+        _ENV + r"bash scripts/gpu_carry\.sh \.gpu-carry|bash \.gpu-carry/install\.sh && "
+        r"\. \.gpu-carry/env\.sh",
+        "tested by tests/real_slime/test_gpu_carry.py",
+    ),
 ]
 
 
