@@ -95,7 +95,7 @@ def _load_protocols() -> tuple[type[Any], ...]:
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
             extensions[DISCONNECT_HOOKS] = hooks
             super().on_headers_complete()
-            cycle = self.cycle
+            cycle: Any = self.cycle  # its send is replaced below
             if cycle is not None and cycle.scope is self.scope:  # not an upgrade
                 kept = [p for p in self._in_flight or () if not p[0].response_complete]
                 kept.append((cycle, hooks))

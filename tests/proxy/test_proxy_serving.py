@@ -176,8 +176,9 @@ def _exchange(request: bytes, app: object) -> list[bytes | str]:
     async def run() -> list[bytes | str]:
         config = uvicorn_config(app, lifespan="off")
         config.load()
+        loop = asyncio.get_running_loop()
         protocol = config.http_protocol_class(
-            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+            config=config, server_state=ServerState(), app_state={}, _loop=loop
         )
         transport = _RecordingTransport()
         protocol.connection_made(transport)
