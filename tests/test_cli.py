@@ -172,7 +172,7 @@ def _repository_files() -> list[Path]:
 
 # Names read but not listed by `dressage env`, each with why.
 NOT_LISTED = {
-    "HOME", "PATH", "PWD", "USER", "TMPDIR",  # the shell's and the OS's own
+    "HOME", "PATH", "PWD", "USER", "TMPDIR", "BASH_SOURCE",  # the shell's and the OS's own
     "AIRFLOW_UID", "POSTGRES_PASSWORD", "AIRFLOW_JWT_SECRET",  # compose.yaml's, containers/.env
     "RAY_AUTH_MODE",  # set by the Makefile and the scripts, for Ray; compose.yaml passes it on
 }  # fmt: skip
