@@ -33,6 +33,7 @@ spelled (``1e-05`` is ``0.00001``: the same number).
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -118,10 +119,7 @@ def _non_finite(name: str) -> NonFinite:
 
 def _finite_or_not(text: str) -> float:
     value = float(text)
-    return value if -_INF < value < _INF else NonFinite(text)  # 1e400: json's inf, kept as such
-
-
-_INF = float("inf")
+    return value if math.isfinite(value) else NonFinite(text)  # 1e400: json's inf, kept as such
 
 
 def _json_loads(raw: bytes) -> Any:

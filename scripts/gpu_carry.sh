@@ -46,7 +46,7 @@ done
   echo "MEGATRON_LM_ROOT=$MEGATRON_LM_ROOT has no megatron/training" >&2; exit 2; }
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-python=${PYTHON:-$here/.venv/bin/python}
+python=$here/.venv/bin/python  # pip, to download (make venv makes it); else the PATH's
 [[ -x $python ]] || python=python3
 
 # One version of each: two of one package stop the whole install there.
