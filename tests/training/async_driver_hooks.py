@@ -20,7 +20,10 @@ SESSIONS: list[str] = []
 MAX_TOKENS = 32
 TOOL_SECONDS = 0.1
 # The tiny random model almost never samples its end token, so every call runs MAX_TOKENS long:
-# calls, not the tool, fill an agent's time, and a weight update finds calls in flight.
+# calls, not the tool, fill an agent's time, and a weight update finds calls in flight. The
+# tool's time differs by sample (1x to 4x), so that the agents do not all sit in their tools at
+# once: with the same time, the calls of a rollout ended together, and in one CI run each of the
+# three updates came within 0.2 s after such an end, with no call in flight.
 
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> list[Sample]:
@@ -43,7 +46,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
                 {"role": "assistant", "content": content},
                 {"role": "user", "content": "?"},
             ]
-            await asyncio.sleep(TOOL_SECONDS)
+            await asyncio.sleep(TOOL_SECONDS * (1 + sample.index % 4))
     finally:
         await client.close()
     async with ProxyClient(proxy, admin_key=ADMIN) as admin:
