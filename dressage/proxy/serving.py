@@ -24,6 +24,7 @@ Two settings differ from uvicorn's defaults, each for a failure seen under load:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -155,12 +156,22 @@ def _one_write(cycle: Any) -> Callable[[Any], Any]:
     """``cycle.send`` for which a whole answer (one with a Content-Length) leaves in one write:
     uvicorn writes the status line and headers when the answer starts, then the body, two
     system calls where one does. The head is held until the body's first part. A streamed
-    answer (no Content-Length) is written as it comes: its head goes out at once."""
-    send = cycle.send
+    answer (no Content-Length) is written as it comes: its head goes out at once. It holds
+    the cycle by a weak reference and uvicorn's send as a plain function: the cycle holds it,
+    and a reference back would leave a cycle of garbage per request."""
+    owner = weakref.ref(cycle)
+    uvicorn_send = type(cycle).send
     held: _Held | None = None
 
     async def send_in_one_write(message: Any) -> None:
         nonlocal held
+        cycle = owner()
+        if cycle is None:  # never while its request runs: uvicorn's task holds the cycle
+            return
+
+        async def send(message: Any) -> None:
+            await uvicorn_send(cycle, message)
+
         if held is not None:  # the body after a held head
             pending, held = held, None
             try:
