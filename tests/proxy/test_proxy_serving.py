@@ -232,3 +232,30 @@ def test_a_whole_answer_leaves_in_one_write_and_a_stream_as_it_comes() -> None:
     events = _exchange(get, _streamed_app)
     assert [e[:15] for e in events if isinstance(e, bytes)][0] == b"HTTP/1.1 200 OK"
     assert b"data: 1" not in events[0] and len(events) == 4  # head, 2 parts, the last chunk
+
+
+@pytest.mark.unit
+def test_the_one_write_send_leaves_no_reference_cycle() -> None:
+    """uvicorn's cycle holds the send that replaces its own: were the send to hold the cycle
+    back, every request would leave a cycle for the collector. With the collector off, the
+    cycle is freed as soon as its last reference goes."""
+    import gc
+    import weakref
+
+    from dressage.proxy.serving import _one_write
+
+    class Cycle:  # the two attributes of uvicorn's RequestResponseCycle that the send uses
+        transport = _RecordingTransport()
+
+        async def send(self, message: object) -> None:
+            pass
+
+    cycle = Cycle()
+    cycle.send = _one_write(cycle)  # type: ignore[method-assign]
+    ref = weakref.ref(cycle)
+    gc.disable()
+    try:
+        del cycle
+        assert ref() is None, "the one-write send holds its cycle in a reference cycle"
+    finally:
+        gc.enable()
