@@ -12,12 +12,16 @@ Each step trains on four samples of a 256-token prompt and a response of 2k or 8
 over 1, 2 or 4 teachers (the same work in every case), sampled objective:
 
 * rotate (ours): the actor as it runs: each teacher restored from pinned memory onto the
-  student's buffers for its pass, the student restored after;
+  student's buffers for its pass, the student restored after, each restore streamed layer by
+  layer under the pass that needs it (``--mopd-restore streamed``), and no restore of the
+  student that the weights already hold;
+* rotate-slime: the same, every switch through slime's own ``_switch_model`` (its
+  ``TensorBackuper.restore``, whole before each pass), as ``--mopd-restore slime`` runs;
 * resident (baseline): the teachers' weights copied to the GPU beforehand, as resident teachers
   would hold them (where they fit), and no restore: every pass runs on the weights in place.
 
 Time is the median ``actor.train`` step (CUDA synchronised) over the timed rounds after a
-warm-up, the two placements taking turns in each round; memory is the peak allocated in the
+warm-up, the three taking turns in each round; memory is the peak allocated in the
 step. Pinned memory is the bytes of the backuper's pinned tensors after each teacher's load
 (torch's host-allocator counter read 0 for them on the GPU machine's torch 2.11).
 
@@ -46,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TARGET = 1.10
-MODES = ("resident", "rotate")
+MODES = ("resident", "rotate-slime", "rotate")
 GB = 1e9
 QWEN3_0_6B = dict(
     vocab_size=151936,
@@ -153,7 +157,7 @@ def table(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
         f"in bf16; pinned backups after each teacher's load (GB): "
         f"{[round(b / GB, 2) for b in init['backup_pinned_bytes_after_each_load']]}"
     )
-    print(f"{'L':>6} {'teachers':>8} {'mode':>9} {'step s':>8} {'x resident':>10} {'peak GB':>8}")
+    print(f"{'L':>6} {'teachers':>8} {'mode':>12} {'step s':>8} {'x resident':>10} {'peak GB':>8}")
     rows = []
     for case in report["cases"]:
         row = {"shape": name, **case}
@@ -174,7 +178,7 @@ def table(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
         peak = f"{case['peak_bytes'] / GB:8.2f}" if "peak_bytes" in case else f"{'-':>8}"
         note = case.get("resident_note") or case.get("refused") or ""
         print(
-            f"{case['length']:>6} {case['teachers']:>8} {case['mode']:>9} {seconds} {ratio} "
+            f"{case['length']:>6} {case['teachers']:>8} {case['mode']:>12} {seconds} {ratio} "
             f"{peak} {note[:90]}",
             flush=True,
         )
@@ -237,6 +241,7 @@ def main() -> None:
     }
     n = 2 if 2 in counts else counts[0]
     base, ours = at.get(("resident", n), {}), at.get(("rotate", n), {})
+    plain = at.get(("rotate-slime", n), {})
     rotate_peaks = {
         name: [r["peak_bytes"] for r in rows if r["shape"] == name and r["mode"] == "rotate"
                and r["length"] == max(lengths) and "peak_bytes" in r]
@@ -252,6 +257,8 @@ def main() -> None:
         "target": TARGET,
         "met": bool(ours.get("ratio") is not None and ours["ratio"] <= TARGET),
         "resident_fits": base.get("resident_fits"),
+        "slime_restore_seconds": plain.get("seconds"),
+        "slime_restore_ratio": plain.get("ratio"),
         "gpu_peak_spread_over_teachers": {
             name: round((max(p) - min(p)) / max(p), 4) if p else None
             for name, p in rotate_peaks.items()

@@ -11,7 +11,8 @@
 # The folder holds (about 30 MB):
 # - wheels/: megatron-core (the pinned release), torch-memory-saver, numpy 1.x (slime's
 #   initialisation refuses numpy 2), pydantic with what it needs (megatron.rl imports it),
-#   pydantic-settings (dressage.config) and a typing-extensions as new as pydantic needs, each
+#   pydantic-settings (dressage.config), a typing-extensions as new as pydantic needs, and
+#   pytest with what it needs (the GPU tier is a pytest run), each
 #   for the target's Python (--python, default 3.12, the slime image's), without their own
 #   dependencies: PyTorch and transformers are the machine's;
 # - slime/ and megatron-lm/: copies of SLIME_ROOT and MEGATRON_LM_ROOT (Megatron-LM's training
@@ -61,6 +62,11 @@ wheels=(
   typing-extensions==4.16.0
   pydantic-settings==2.16.3
   python-dotenv==1.2.4
+  pytest==9.2.0
+  pluggy==1.7.0
+  iniconfig==2.3.1
+  pygments==2.21.0
+  pytest-timeout==2.4.0
 )
 
 rm -rf "$out"

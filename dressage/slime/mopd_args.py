@@ -17,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MopdArgs", "mopd_args"]
+__all__ = ["MOPD_RESTORES", "MopdArgs", "mopd_args"]
+
+MOPD_RESTORES = ("streamed", "slime")
+"""``--mopd-restore``'s choices, the default first."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class MopdArgs:
     """Set by dressage's slime actor: the advantage hook leaves the per-teacher metrics to it."""
     mopd_config: str | None = None
     mopd_metrics_dir: str | None = None
+    mopd_restore: str = MOPD_RESTORES[0]
+    """How the actor restores a teacher or the student: ``streamed`` or ``slime``."""
     allgather_cp: bool = False
     """slime's ``--allgather-cp``, which the top-k objective refuses."""
     rollout_top_p: float = 1.0
@@ -51,6 +56,7 @@ def mopd_args(args: Any) -> MopdArgs:
         mopd_defer_rollout_metrics=bool(getattr(args, "mopd_defer_rollout_metrics", False)),
         mopd_config=getattr(args, "mopd_config", None),
         mopd_metrics_dir=getattr(args, "mopd_metrics_dir", None),
+        mopd_restore=getattr(args, "mopd_restore", None) or MOPD_RESTORES[0],
         allgather_cp=bool(getattr(args, "allgather_cp", False)),
         rollout_top_p=1.0 if top_p is None else float(top_p),
     )

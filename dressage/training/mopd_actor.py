@@ -44,6 +44,7 @@ module ``__getattr__``); Ray pickles it by module and name, and a worker rebuild
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -298,6 +299,24 @@ def _then_drop_teacher_ids(user_hook: Callable[..., Any] | None) -> Callable[...
     return postprocess
 
 
+class _Backups(Mapping[str, Any]):
+    """slime's ``TensorBackuper`` read as ``tag -> name -> pinned tensor`` (its ``get``)."""
+
+    def __init__(self, backuper: Any) -> None:
+        self._backuper = backuper
+
+    def __getitem__(self, tag: str) -> Any:
+        if tag not in self._backuper.backup_tags:
+            raise KeyError(tag)
+        return self._backuper.get(tag)
+
+    def __iter__(self) -> Any:
+        return iter(self._backuper.backup_tags)
+
+    def __len__(self) -> int:
+        return len(self._backuper.backup_tags)
+
+
 @functools.cache
 def make_mopd_actor_cls() -> type:
     """The actor class (imports slime; built once per process)."""
@@ -309,6 +328,13 @@ def make_mopd_actor_cls() -> type:
         _mopd_teachers: tuple[str, ...] = ()
         _mopd_load_due = False
         _mopd_scoring = False
+        _mopd_holds: str | None = None
+        """The tag whose backup the model's weights are known to equal (None: not known)."""
+        _mopd_streamed: Any = None
+        """The layer streamer of this actor's teacher switches (False where none runs)."""
+        _mopd_hooks: contextlib.ExitStack
+        _mopd_stream_switches = False
+        """Set while a forward pass follows every switch: the teachers' and the one back."""
 
         def init(
             self, args: Any, role: str, with_ref: bool = False, with_opd_teacher: bool = False
@@ -330,12 +356,71 @@ def make_mopd_actor_cls() -> type:
         def sleep(self) -> None:
             if self._mopd_load_due:  # the last call of slime's init under --offload-train
                 self._mopd_load_teachers()
+            self._mopd_settle()
+            self._mopd_holds = None  # the weights may not survive the offload
             super().sleep()
 
-        def _mopd_load_teachers(self) -> None:
-            self._mopd_load_due = False
-            self._mopd_teachers = tuple(_load_teachers(self, self.args))
-            self._switch_model("actor")
+        def load_other_checkpoint(self, model_tag: str, path: str) -> Any:
+            self._mopd_settle()
+            self._mopd_holds = None  # the checkpoint is loaded onto the model's weights
+            return super().load_other_checkpoint(model_tag, path)
+
+        def _switch_model(self, target_tag: str) -> None:
+            """slime's switch, except that it skips restoring the tag the weights already hold
+            (slime's step restores ``"actor"`` right after the last step backed it up), and
+            that the switches of the teacher scoring stream in under their passes."""
+            self._mopd_settle()
+            if target_tag == self._mopd_holds and target_tag in self.weights_backuper.backup_tags:
+                self._active_model_tag = target_tag
+                return
+            self._mopd_holds = None
+            streamed = self._mopd_stream_switches and self._mopd_streamer() is not None
+            if not streamed:
+                super()._switch_model(target_tag)
+            elif target_tag not in self.weights_backuper.backup_tags:
+                raise ValueError(f"Cannot switch to unknown model tag: {target_tag}")
+            else:
+                streamer = self._mopd_streamed
+                streamer.transition_now(target_tag)  # queued after the work already queued
+                self._mopd_hooks.enter_context(streamer.installed())
+                self._active_model_tag = target_tag
+            self._mopd_holds = target_tag
+
+        def _mopd_streamer(self) -> Any:
+            """The layer streamer of the teacher switches (``--mopd-restore streamed``, a CUDA
+            model of one chunk; None otherwise): the copies of slime's restore, from its
+            backups onto the tensors its restore writes, in forward order on a side stream,
+            each layer's forward waiting for its own copy
+            (:class:`dressage.training.weight_streaming.LayerStreamer`)."""
+            if self._mopd_streamed is None:
+                self._mopd_streamed = False
+                params = list(self.model[0].parameters())
+                streamed = mopd_args(self.args).mopd_restore == "streamed"
+                if streamed and len(self.model) == 1 and params and params[0].is_cuda:
+                    from slime.backends.megatron_utils import actor as slime_actor
+
+                    from dressage.training.weight_streaming import CudaCopies, LayerStreamer
+
+                    targets = slime_actor.named_params_and_buffers(
+                        self.args, self.model, convert_to_global_name=True
+                    )  # what slime's TensorBackuper restores, by the names it backs up under
+                    try:
+                        self._mopd_streamed = LayerStreamer(
+                            self.model[0],
+                            dict(targets),
+                            _Backups(self.weights_backuper),
+                            CudaCopies(params[0].device),
+                        )
+                    except ValueError:  # no list of layers to stream: slime's restore
+                        return None
+                    self._mopd_hooks = contextlib.ExitStack()
+            return self._mopd_streamed or None
+
+        def _mopd_settle(self) -> None:
+            """Order the compute stream after every streamed copy, and take the hooks off."""
+            if self._mopd_streamed:
+                self._mopd_streamed.finish()
+                self._mopd_hooks.close()
 
         def train_actor(
             self, rollout_id: int, rollout_data: dict[str, Any], external_data: Any = None
@@ -343,7 +428,9 @@ def make_mopd_actor_cls() -> type:
             self._mopd_pending = rollout_data
             try:
                 result = super().train_actor(rollout_id, rollout_data, external_data)
+                self._mopd_holds = "actor"  # slime's step ends backing the trained weights up
             finally:
+                self._mopd_settle()
                 unscored, self._mopd_pending = self._mopd_pending, None
             if unscored is not None:
                 raise RuntimeError(
@@ -357,15 +444,19 @@ def make_mopd_actor_cls() -> type:
             self, data_iterator: Any, num_microbatches: Any, store_prefix: str = ""
         ) -> Any:
             rollout_data, self._mopd_pending = self._mopd_pending, None
-            if rollout_data is not None:
-                self._score_teachers(rollout_data, data_iterator, num_microbatches)
-            if store_prefix == "teacher_" and not self._mopd_scoring:
-                # slime's single-teacher OPD pass (--use-opd megatron, refused at launch): it
-                # would overwrite the per-sample scores with one teacher's.
-                return {}
-            return super().compute_log_prob(
-                data_iterator, num_microbatches, store_prefix=store_prefix
-            )
+            try:
+                if rollout_data is not None:
+                    self._score_teachers(rollout_data, data_iterator, num_microbatches)
+                if store_prefix == "teacher_" and not self._mopd_scoring:
+                    # slime's single-teacher OPD pass (--use-opd megatron, refused at launch): it
+                    # would overwrite the per-sample scores with one teacher's.
+                    return {}
+                return super().compute_log_prob(
+                    data_iterator, num_microbatches, store_prefix=store_prefix
+                )
+            finally:  # the pass after the switch back has run: the weights are whole again
+                self._mopd_settle()
+                self._mopd_holds = None  # slime trains next, or switches
 
         def _score_teachers(
             self, rollout_data: dict[str, Any], data_iterator: Any, num_microbatches: Any
@@ -380,6 +471,7 @@ def make_mopd_actor_cls() -> type:
             stage = os.environ.get(_REPLAY_STAGE)
             scored: dict[str, list[Any]] = {}
             self._mopd_scoring = True
+            self._mopd_stream_switches = True
             try:
                 if actor_args(self.args).use_routing_replay:
                     os.environ[_REPLAY_STAGE] = "fallthrough"  # as slime's ref/teacher passes
@@ -394,11 +486,14 @@ def make_mopd_actor_cls() -> type:
                         scored[tid] = rows
             finally:
                 self._mopd_scoring = False
+                try:  # the caller's pass comes next and waits on each of its layers' copies
+                    self._switch_model(active)
+                finally:
+                    self._mopd_stream_switches = False
                 if stage is None:
                     os.environ.pop(_REPLAY_STAGE, None)
                 else:
                     os.environ[_REPLAY_STAGE] = stage
-                self._switch_model(active)
             if scored:
                 n = len(rollout_data["tokens"])
                 rollout_data["teacher_log_probs"] = scatter_teacher_rows(groups, scored, n)

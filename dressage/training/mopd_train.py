@@ -49,7 +49,7 @@ from dressage.config.proxy_access import ProxyAccessSettings
 from dressage.slime.args import LoopArgs, add_dressage_arguments, loop_args
 from dressage.slime.continue_from import ContinueError, apply_continue_from
 from dressage.slime.hooks import ROLLOUT_LOG_HOOK
-from dressage.slime.mopd_args import mopd_args
+from dressage.slime.mopd_args import MOPD_RESTORES, mopd_args
 from dressage.slime.periodic import PeriodicAction, periodic_action
 from dressage.slime.tracking import keep_wandb_run
 from dressage.slime.train_args import actor_args
@@ -128,6 +128,15 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         metavar="B",
         help="dense and topk: the forward KL's share of each token's loss, in [0, 1]; the rest "
         "is the reverse KL (default: %(default)s)",
+    )
+    group.add_argument(
+        "--mopd-restore",
+        choices=MOPD_RESTORES,
+        default=MOPD_RESTORES[0],
+        help="how a teacher (and the student after it) is restored from pinned memory: streamed: "
+        "layer by layer on a side CUDA stream while its pass runs (dressage.training."
+        "streamed_restore); slime: slime's TensorBackuper.restore, whole before the pass "
+        "(default: %(default)s; CPU runs always take slime's)",
     )
     group.add_argument(
         "--dressage-proxy-url",

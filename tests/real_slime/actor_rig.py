@@ -310,6 +310,9 @@ class Rig:
                     "advantages": [t.tolist() for t in data["advantages"]],
                 }
             )
+            with torch.no_grad():  # as an optimizer step would: the student moves
+                for param in model[0].parameters():
+                    param.add_(0.25)
 
         original_forward_only = model_mod.forward_only
 
@@ -317,10 +320,14 @@ class Rig:
             indices = data_iterator[0].micro_batch_indices
             tags = rig.actor._active_model_tag
             tokens = data_iterator[0].rollout_data["tokens"]
+            backup = rig.actor.weights_backuper.get(tags)
             rig.forward_passes.append(
                 {
                     "prefix": k.get("store_prefix", ""),
                     "tag": tags,
+                    "on_its_weights": all(
+                        torch.equal(p, backup[n]) for n, p in model[0].named_parameters()
+                    ),
                     "replay_stage": os.environ.get("ROUTING_REPLAY_STAGE"),
                     "micro_batches": [[int(tokens[i][0]) for i in mb] for mb in indices],
                 }
@@ -442,9 +449,22 @@ def run(scenario: dict[str, Any], tmp: Path) -> dict[str, Any]:
         return out
 
     type(actor).train_actor = spy  # type: ignore[method-assign]
-    rig.events.append("train")
-    actor.train(0, refs)
+    restores: list[str] = []
+    restore = actor.weights_backuper.restore
+
+    def counted(tag: str) -> None:
+        restores.append(tag)
+        restore(tag)
+
+    actor.weights_backuper.restore = counted
+    for step in range(int(scenario.get("steps", 1))):
+        rig.events.append("train")
+        actor.train(step, refs)
+        refs = _split(args, convert_samples_to_train_data(args, samples))  # the step took them
+    backup = actor.weights_backuper.get("actor")
     report.update(
+        restores=restores,
+        live_is_trained_actor=all(torch.equal(p, backup[n]) for n, p in _live(actor).items()),
         forward_passes=rig.forward_passes,
         logged=rig.logged,
         trained=rig.trained,

@@ -508,9 +508,10 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
         mains_kept: dict[str, bool] = {}
         held: dict[str, dict[str, Any]] = {}
         original_switch = self._switch_model
+        original_log_prob = self.compute_log_prob
+        pending: list[str] = []
 
-        def switch(tag: str) -> None:
-            original_switch(tag)
+        def check(tag: str) -> None:
             # before the optimizer step, with each teacher in and after the student is back:
             # the optimizer's float32 main parameters as they were (in float32 training they
             # are views of the model's own buffers, so only the student's turns are checked)
@@ -525,7 +526,25 @@ def train(work: Path, scenario: dict[str, Any]) -> dict[str, Any]:
                     torch.equal(p, before[n]) for n, p in self.model[0].named_parameters()
                 )
 
+        def checked() -> None:
+            # each switch checked once the pass after it has run: a streamed restore
+            # (--mopd-restore streamed) lands layer by layer under that pass
+            self._mopd_settle()
+            while pending:
+                check(pending.pop(0))
+
+        def switch(tag: str) -> None:
+            checked()
+            original_switch(tag)
+            pending.append(tag)
+
+        def log_prob(*args: Any, **kwargs: Any) -> Any:
+            out = original_log_prob(*args, **kwargs)
+            checked()
+            return out
+
         self._switch_model = switch
+        self.compute_log_prob = log_prob
         out = original_train_actor(self, rollout_id, rollout_data, external_data)
         seen["teacher_log_probs"] = [t.float().tolist() for t in rollout_data["teacher_log_probs"]]
         seen["log_probs"] = [t.float().tolist() for t in rollout_data.get("log_probs", [])]

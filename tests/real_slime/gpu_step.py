@@ -21,7 +21,11 @@ the pinned bytes read after each load) and runs its cases: each a batch of synth
 (``samples`` of ``prompt`` + ``length`` tokens, spread over the first ``teachers`` teachers)
 and its variants, each an objective (and K) and a placement of the teachers:
 
-- ``rotate``: the actor as it runs, each teacher restored from pinned memory for its pass;
+- ``rotate``: the actor as it runs, each teacher restored from pinned memory for its pass
+  (``--mopd-restore streamed``: layer by layer under the pass, and no restore of the student
+  that the weights already hold);
+- ``rotate-slime``: the same passes, every switch through slime's own ``_switch_model`` (its
+  ``TensorBackuper.restore``, whole before the pass, the student restored at the step's start);
 - ``resident``: what teachers kept on the GPU would cost. Their weights are copied to the GPU
   (the memory they would hold; a case that does not fit is reported so) and the teacher passes
   run without any restore, on the weights in place (the same layers, the same work).
@@ -202,6 +206,13 @@ def _step(
             _actor._active_model_tag = tag  # the weights in place serve every pass
 
         actor._switch_model = switch
+    elif variant.get("mode") == "rotate-slime":
+        from slime.backends.megatron_utils.actor import MegatronTrainRayActor
+
+        def slime_switch(tag: str, _actor: Any = actor) -> None:
+            MegatronTrainRayActor._switch_model(_actor, tag)
+
+        actor._switch_model = slime_switch
     try:
         refs = bare_manager(args)._split_train_data_by_dp(copy.deepcopy(data))
         Timer().reset()

@@ -29,6 +29,11 @@ PINNED = {
     "typing_extensions": "4.16.0",
     "pydantic_settings": "2.16.3",
     "python_dotenv": "1.2.4",
+    "pytest": "9.2.0",
+    "pluggy": "1.7.0",
+    "iniconfig": "2.3.1",
+    "pygments": "2.21.0",
+    "pytest_timeout": "2.4.0",
 }
 
 

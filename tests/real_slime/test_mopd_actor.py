@@ -25,12 +25,13 @@ from tests.helpers import REPO, slime_root
 pytestmark = pytest.mark.integration
 
 
-def run_rig(tmp_path: Path, **args: Any) -> dict[str, Any]:
+def run_rig(tmp_path: Path, steps: int = 1, **args: Any) -> dict[str, Any]:
     out = tmp_path / "report.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(slime_root()), str(REPO)])
+    scenario = json.dumps({"args": args, "steps": steps})
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.real_slime.actor_rig", json.dumps({"args": args}), str(out)],
+        [sys.executable, "-m", "tests.real_slime.actor_rig", scenario, str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -99,6 +100,26 @@ def test_under_colocate_teachers_load_awake_and_init_ends_asleep(
     assert events[events.index("train") :][:2] == ["train", "resume"]  # woken to train
     assert colocated["after_train"] == {"asleep": True, "active": "actor"}
     _check_scores_and_logging(colocated)
+
+
+def test_each_pass_runs_on_its_models_weights_and_a_step_restores_each_model_once(
+    tmp_path: Path, colocated: dict[str, Any]
+) -> None:
+    """slime's step switches to the student before its passes, right after the last step backed
+    the student up: the actor skips that restore. Every pass still runs on exactly its tag's
+    backup, the student's passes on the weights the last step trained (the rig's train moves
+    them)."""
+    report = run_rig(tmp_path, steps=2)
+    teachers = ["teacher:calc", "teacher:look", "actor"]
+    assert report["restores"] == teachers * 2
+    assert [(p["tag"], p["on_its_weights"]) for p in report["forward_passes"]] == [
+        (tag, True) for tag in teachers
+    ] * 2
+    assert report["live_is_trained_actor"]
+    assert len(report["trained"]) == 2 and report["trained"][1]["advantages"]
+    # asleep between steps: waking restores the student (its weights were offloaded), once
+    assert colocated["restores"] == ["actor", *teachers]
+    assert all(p["on_its_weights"] for p in colocated["forward_passes"])
 
 
 def test_each_teacher_scores_only_its_samples_in_micro_batches_of_its_own(
