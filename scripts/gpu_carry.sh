@@ -11,7 +11,7 @@
 # The folder holds (about 30 MB):
 # - wheels/: megatron-core (the pinned release), torch-memory-saver, numpy 1.x (slime's
 #   initialisation refuses numpy 2), pydantic with what it needs (megatron.rl imports it),
-#   pydantic-settings (dressage.config), a typing-extensions as new as pydantic needs, and
+#   pydantic-settings (dressage.config), orjson (dressage's JSON), a typing-extensions as new as pydantic needs, and
 #   pytest with what it needs (the GPU tier is a pytest run), each
 #   for the target's Python (--python, default 3.12, the slime image's), without their own
 #   dependencies: PyTorch and transformers are the machine's;
@@ -21,18 +21,27 @@
 #   network, no build);
 # - env.sh: PYTHONPATH (that folder, then the repository), SLIME_ROOT and MEGATRON_LM_ROOT.
 #
+# --scipy adds SciPy 1.14 (41 MB), built for numpy 1.x, for a machine whose SciPy needs numpy 2:
+# transformers imports scikit-learn, and so SciPy, when they are installed (the GPU image used
+# here has both), and the carried numpy 1.x breaks that SciPy.
+#
 # sglang, ray and wandb do not travel: the GPU tier stands in for them (tests/real_slime/
 # standins.py says why, one line each).
 set -euo pipefail
 
-usage() { echo "usage: SLIME_ROOT=... MEGATRON_LM_ROOT=... $0 OUT_DIR [--python 3.12]" >&2; exit 2; }
+usage() {
+  echo "usage: SLIME_ROOT=... MEGATRON_LM_ROOT=... $0 OUT_DIR [--python 3.12] [--scipy]" >&2
+  exit 2
+}
 [[ $# -ge 1 ]] || usage
 out=$1
 shift
 python_version=3.12
+extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --python) python_version=${2:?--python needs a version such as 3.12}; shift 2 ;;
+    --scipy) extra+=(scipy==1.14.1); shift ;;
     *) usage ;;
   esac
 done
@@ -62,6 +71,7 @@ wheels=(
   typing-extensions==4.16.0
   pydantic-settings==2.16.3
   python-dotenv==1.2.4
+  orjson==3.13.0
   pytest==9.2.0
   pluggy==1.7.0
   iniconfig==2.3.1
@@ -76,7 +86,7 @@ mkdir -p "$out/wheels"
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 --platform any \
-  "${wheels[@]}"
+  "${wheels[@]}" "${extra[@]}"
 cp -r "$SLIME_ROOT" "$out/slime"
 cp -r "$MEGATRON_LM_ROOT" "$out/megatron-lm"
 find "$out" -name __pycache__ -type d -prune -exec rm -rf {} +

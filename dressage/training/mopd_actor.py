@@ -18,6 +18,14 @@ The driver (dressage.training.mopd_train) hands it to slime with
   ``--micro-batch-size`` chunks otherwise): K teachers cost one pass over the batch, not K.
   The scores land in ``rollout_data["teacher_log_probs"]`` in sample order, and the model slime
   had active comes back. The custom advantage hook (dressage.training.mopd_loss) reads them;
+* ``_switch_model``: skips restoring the tag the weights are known to hold (slime's step
+  restores ``"actor"`` right after the last step backed it up; known only after a restore or
+  that backup, forgotten at ``sleep`` and at a checkpoint load), and under ``--mopd-restore
+  streamed`` (the default; CUDA, one model chunk) streams the teachers and the student after
+  them in layer by layer under their passes: slime's restore's copies, from its backups, on a
+  side stream, each layer's forward waiting for its own
+  (:class:`dressage.training.weight_streaming.LayerStreamer`). The actor waits for every copy
+  once the pass after its last switch has run, before slime trains, backs up or sends weights;
 * ``rollout_data_postprocess`` (slime calls it between the advantage hook and its train-side
   rollout logging): drops the ``prompt`` slot, whose teacher-id strings slime's logging would
   try to average, after running the user's own postprocess hook, if any.
@@ -397,11 +405,11 @@ def make_mopd_actor_cls() -> type:
                 params = list(self.model[0].parameters())
                 streamed = mopd_args(self.args).mopd_restore == "streamed"
                 if streamed and len(self.model) == 1 and params and params[0].is_cuda:
-                    from slime.backends.megatron_utils import actor as slime_actor
+                    from slime.backends.megatron_utils.actor import named_params_and_buffers
 
                     from dressage.training.weight_streaming import CudaCopies, LayerStreamer
 
-                    targets = slime_actor.named_params_and_buffers(
+                    targets = named_params_and_buffers(
                         self.args, self.model, convert_to_global_name=True
                     )  # what slime's TensorBackuper restores, by the names it backs up under
                     try:
@@ -421,6 +429,11 @@ def make_mopd_actor_cls() -> type:
             if self._mopd_streamed:
                 self._mopd_streamed.finish()
                 self._mopd_hooks.close()
+
+        def _mopd_load_teachers(self) -> None:
+            self._mopd_load_due = False
+            self._mopd_teachers = tuple(_load_teachers(self, self.args))
+            self._switch_model("actor")
 
         def train_actor(
             self, rollout_id: int, rollout_data: dict[str, Any], external_data: Any = None

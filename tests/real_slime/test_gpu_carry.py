@@ -29,6 +29,7 @@ PINNED = {
     "typing_extensions": "4.16.0",
     "pydantic_settings": "2.16.3",
     "python_dotenv": "1.2.4",
+    "orjson": "3.13.0",
     "pytest": "9.2.0",
     "pluggy": "1.7.0",
     "iniconfig": "2.3.1",

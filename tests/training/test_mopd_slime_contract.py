@@ -109,7 +109,14 @@ def test_actor_overrides_only_slime_actor_methods_with_their_parameters() -> Non
         own.add(fn.name)
         assert fn.name in slime_methods, f"{fn.name} is not a slime actor method"
         assert [a.arg for a in fn.args.args[1:]] == slime_methods[fn.name], fn.name
-    assert own == {"init", "sleep", "train_actor", "compute_log_prob"}
+    assert own == {
+        "init",
+        "sleep",
+        "load_other_checkpoint",
+        "_switch_model",
+        "train_actor",
+        "compute_log_prob",
+    }
 
 
 def test_actor_uses_only_slime_attributes_and_backuper_methods() -> None:
