@@ -395,34 +395,40 @@ def make_mopd_actor_cls() -> type:
             self._mopd_holds = target_tag
 
         def _mopd_streamer(self) -> Any:
-            """The layer streamer of the teacher switches (``--mopd-restore streamed``, a CUDA
-            model of one chunk; None otherwise): the copies of slime's restore, from its
-            backups onto the tensors its restore writes, in forward order on a side stream,
-            each layer's forward waiting for its own copy
+            """The layer streamer of the teacher switches (None where slime's restore runs): the
+            copies of slime's restore, from its backups onto the tensors its restore writes, in
+            forward order, each layer's forward waiting for its own copy
             (:class:`dressage.training.weight_streaming.LayerStreamer`)."""
             if self._mopd_streamed is None:
                 self._mopd_streamed = False
-                params = list(self.model[0].parameters())
-                streamed = mopd_args(self.args).mopd_restore == "streamed"
-                if streamed and len(self.model) == 1 and params and params[0].is_cuda:
+                copies = self._mopd_copies()
+                if copies is not None:
                     from slime.backends.megatron_utils.actor import named_params_and_buffers
 
-                    from dressage.training.weight_streaming import CudaCopies, LayerStreamer
+                    from dressage.training.weight_streaming import LayerStreamer
 
                     targets = named_params_and_buffers(
                         self.args, self.model, convert_to_global_name=True
                     )  # what slime's TensorBackuper restores, by the names it backs up under
                     try:
                         self._mopd_streamed = LayerStreamer(
-                            self.model[0],
-                            dict(targets),
-                            _Backups(self.weights_backuper),
-                            CudaCopies(params[0].device),
+                            self.model[0], dict(targets), _Backups(self.weights_backuper), copies
                         )
                     except ValueError:  # no list of layers to stream: slime's restore
                         return None
                     self._mopd_hooks = contextlib.ExitStack()
             return self._mopd_streamed or None
+
+        def _mopd_copies(self) -> Any:
+            """Where streamed copies run: a side CUDA stream under ``--mopd-restore streamed``
+            for a CUDA model of one chunk; None (slime's restore) otherwise."""
+            params = list(self.model[0].parameters())
+            streamed = mopd_args(self.args).mopd_restore == "streamed"
+            if not (streamed and len(self.model) == 1 and params and params[0].is_cuda):
+                return None
+            from dressage.training.weight_streaming import CudaCopies
+
+            return CudaCopies(params[0].device)
 
         def _mopd_settle(self) -> None:
             """Order the compute stream after every streamed copy, and take the hooks off."""

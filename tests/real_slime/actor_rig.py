@@ -59,12 +59,16 @@ class TinyLM(torch.nn.Module):
         self.model_type = ModelType.encoder_or_decoder
         self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
         self.head = torch.nn.Linear(HIDDEN, VOCAB)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2))
 
     def set_input_tensor(self, tensor: Any) -> None:
         return None
 
     def forward(self, input_ids: torch.Tensor, **_: Any) -> torch.Tensor:
-        return self.head(torch.tanh(self.embed(input_ids))).float()
+        hidden = torch.tanh(self.embed(input_ids))
+        for layer in self.layers:  # what a streamed restore streams, layer by layer
+            hidden = hidden + torch.tanh(layer(hidden))
+        return self.head(hidden).float()
 
     def load(self, path: str, step: Any) -> None:
         g = torch.Generator().manual_seed(_weights_seed(path, step))
@@ -410,6 +414,10 @@ def run(scenario: dict[str, Any], tmp: Path) -> dict[str, Any]:
     data_mod.ray = types.SimpleNamespace(get=lambda value: value)  # type: ignore[assignment]
 
     cls = make_mopd_actor_cls()
+    if scenario.get("streamed"):  # the streamed switches, their copies inline (no CUDA here)
+        from dressage.training.weight_streaming import InlineCopies
+
+        cls._mopd_copies = lambda self: InlineCopies()  # type: ignore[attr-defined]
     actor = cls.__new__(cls)
     actor._rank, actor._world_size = 0, 1
     rig.actor = actor
@@ -462,7 +470,9 @@ def run(scenario: dict[str, Any], tmp: Path) -> dict[str, Any]:
         actor.train(step, refs)
         refs = _split(args, convert_samples_to_train_data(args, samples))  # the step took them
     backup = actor.weights_backuper.get("actor")
+    hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in actor.model[0].modules())
     report.update(
+        hooks_left=hooks,
         restores=restores,
         live_is_trained_actor=all(torch.equal(p, backup[n]) for n, p in _live(actor).items()),
         forward_passes=rig.forward_passes,

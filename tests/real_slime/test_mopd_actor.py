@@ -25,11 +25,11 @@ from tests.helpers import REPO, slime_root
 pytestmark = pytest.mark.integration
 
 
-def run_rig(tmp_path: Path, steps: int = 1, **args: Any) -> dict[str, Any]:
+def run_rig(tmp_path: Path, steps: int = 1, streamed: bool = False, **args: Any) -> dict[str, Any]:
     out = tmp_path / "report.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(slime_root()), str(REPO)])
-    scenario = json.dumps({"args": args, "steps": steps})
+    scenario = json.dumps({"args": args, "steps": steps, "streamed": streamed})
     proc = subprocess.run(
         [sys.executable, "-m", "tests.real_slime.actor_rig", scenario, str(out)],
         cwd=REPO,
@@ -120,6 +120,26 @@ def test_each_pass_runs_on_its_models_weights_and_a_step_restores_each_model_onc
     # asleep between steps: waking restores the student (its weights were offloaded), once
     assert colocated["restores"] == ["actor", *teachers]
     assert all(p["on_its_weights"] for p in colocated["forward_passes"])
+
+
+def test_streamed_switches_leave_each_pass_on_its_models_weights_and_no_hook(
+    tmp_path: Path,
+) -> None:
+    """--mopd-restore streamed, its copies made inline (on CUDA they run on a side stream): the
+    scoring's switches go through the layer streamer instead of slime's restore, every pass
+    still runs on exactly its tag's backup, the scores are each sample's own teacher's, and
+    the streamer's hooks are gone after the step."""
+    report = run_rig(tmp_path, steps=2, streamed=True)
+    assert report["restores"] == []  # the skip and the streamer: slime's restore never ran
+    teachers = ["teacher:calc", "teacher:look", "actor"]
+    assert [(p["tag"], p["on_its_weights"]) for p in report["forward_passes"]] == [
+        (tag, True) for tag in teachers
+    ] * 2
+    assert report["live_is_trained_actor"] and report["hooks_left"] == 0
+    got, want = report["teacher_log_probs"], report["expected_teacher_log_probs"]
+    assert [len(x) for x in got] == [len(x) for x in want]
+    for g, w in zip(got, want, strict=True):  # the second step's, each by its own teacher
+        assert g == pytest.approx(w, rel=1e-5, abs=1e-6)
 
 
 def test_each_teacher_scores_only_its_samples_in_micro_batches_of_its_own(
