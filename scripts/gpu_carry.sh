@@ -11,9 +11,9 @@
 # The folder holds (about 30 MB):
 # - wheels/: megatron-core (the pinned release), torch-memory-saver, numpy 1.x (slime's
 #   initialisation refuses numpy 2), pydantic with what it needs (megatron.rl imports it),
-#   pydantic-settings (dressage.config), orjson (dressage's JSON), a typing-extensions as new as pydantic needs, and
-#   pytest with what it needs (the GPU tier is a pytest run), each
-#   for the target's Python (--python, default 3.12, the slime image's), without their own
+#   pydantic-settings (dressage.config), orjson (dressage's JSON), a typing-extensions as new
+#   as pydantic needs, and pytest with what it needs (the GPU tier is a pytest run), each for
+#   the target's Python (--python, default 3.12, the slime image's), without their own
 #   dependencies: PyTorch and transformers are the machine's;
 # - slime/ and megatron-lm/: copies of SLIME_ROOT and MEGATRON_LM_ROOT (Megatron-LM's training
 #   code at the tag of the pinned megatron-core);

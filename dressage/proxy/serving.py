@@ -168,25 +168,21 @@ def _one_write(cycle: Any) -> Callable[[Any], Any]:
         cycle = owner()
         if cycle is None:  # never while its request runs: uvicorn's task holds the cycle
             return
-
-        async def send(message: Any) -> None:
-            await uvicorn_send(cycle, message)
-
         if held is not None:  # the body after a held head
             pending, held = held, None
             try:
-                await send(message)
+                await uvicorn_send(cycle, message)
             finally:
                 cycle.transport = pending.transport
                 pending.flush()
             return
         if message["type"] != "http.response.start" or not _sized(message):
-            await send(message)
+            await uvicorn_send(cycle, message)
             return
         held = _Held(cycle.transport)
         cycle.transport = held
         try:
-            await send(message)
+            await uvicorn_send(cycle, message)
         except BaseException:
             cycle.transport, held = held.transport, None
             raise

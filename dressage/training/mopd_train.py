@@ -135,7 +135,7 @@ def add_mopd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=MOPD_RESTORES[0],
         help="how a teacher (and the student after it) is restored from pinned memory: streamed: "
         "layer by layer on a side CUDA stream while its pass runs (dressage.training."
-        "streamed_restore); slime: slime's TensorBackuper.restore, whole before the pass "
+        "weight_streaming); slime: slime's TensorBackuper.restore, whole before the pass "
         "(default: %(default)s; CPU runs always take slime's)",
     )
     group.add_argument(
