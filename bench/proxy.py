@@ -23,6 +23,8 @@ curve, the heap still filling).
     python bench/proxy.py --parts workers   # 256 sessions through 1, 2, 4 proxy processes
     python bench/proxy.py --parts cpu_ab --before 3d852fc   # CPU per call against a commit
     python bench/proxy.py --parts stream --before e5805dd   # streaming, and that commit's
+    python bench/proxy.py --parts stream --stream-answer-tokens 1000 --stream-seconds 6 \
+        --before c006d20    # streaming 1,000-token answers (their reasoning lengthened)
 
 CPU per call against another commit (``--parts cpu_ab --before REF``, about 4 minutes): that
 commit's proxy (``git archive`` into a temporary folder, run with this interpreter) and this one,
@@ -120,6 +122,15 @@ OUTPUT_TEXT = (
 )
 
 
+def _long_answer(tokenizer: Any, tokens: int) -> list[int]:
+    """The bench's answer with its reasoning lengthened to about ``tokens`` tokens in all."""
+    step = "Then I check the next caller of the parser and what it passes in. "
+    reasoning = ""
+    while len(tokenizer.encode(reasoning + OUTPUT_TEXT, add_special_tokens=False)) < tokens:
+        reasoning += step
+    return list(tokenizer.encode(reasoning + OUTPUT_TEXT, add_special_tokens=False))
+
+
 def _tool_result(rng: random.Random, lines: int) -> str:
     return "\n".join(
         f"{i:03d} {' '.join(rng.choices(WORDS, k=7))} id={rng.randint(0, 9999)}"
@@ -139,8 +150,11 @@ class Agent:
     """One simulated agent: its message history as cached JSON fragments (so the harness does
     not re-serialise the history each turn)."""
 
-    def __init__(self, sid: str, rng: random.Random, result_lines: int) -> None:
+    def __init__(
+        self, sid: str, rng: random.Random, result_lines: int, max_tokens: int = 256
+    ) -> None:
         self.sid = sid
+        self.max_tokens = b"%d" % max_tokens
         self.rng = rng
         self.result_lines = result_lines
         self.parts = [
@@ -150,7 +164,9 @@ class Agent:
 
     def body(self, tools_json: bytes, stream: bool = False) -> bytes:
         return (
-            b'{"model":"bench","max_tokens":256,"temperature":1.0,'
+            b'{"model":"bench","max_tokens":'
+            + self.max_tokens
+            + b',"temperature":1.0,'
             + (b'"stream":true,' if stream else b"")
             + b'"tools":'
             + tools_json
@@ -254,7 +270,7 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
             sid = f"b{args.seed}-{worker}-{counter}"
             agent: Agent | DirectAgent
             if args.mode == "proxy":
-                agent = Agent(sid, rng, args.result_lines)
+                agent = Agent(sid, rng, args.result_lines, args.max_tokens)
             else:
                 agent = DirectAgent(rng, args.prompt_len, args.turn_len, output_ids)
             for _ in range(TURNS):
@@ -912,10 +928,18 @@ def main(args: argparse.Namespace) -> int:
             results = _throughput(engine_url, tmp, common)
         if "stream" in parts:
             # one chunk per output token (the last with the finish), from a paced engine
-            stream = _streaming(output_file, tmp, common, len(output_ids), args.stream_seconds)
+            stream_file, stream_common, stream_ids = output_file, common, output_ids
+            if args.stream_answer_tokens:
+                stream_ids = _long_answer(tokenizer, args.stream_answer_tokens)
+                stream_file = str(tmp / "long_output_ids.json")
+                Path(stream_file).write_text(json.dumps(stream_ids))
+                stream_common = [*common, "--output-file", stream_file,
+                                 "--max-tokens", str(len(stream_ids) + 64)]  # fmt: skip
+            stream = _streaming(stream_file, tmp, stream_common, len(stream_ids),
+                                args.stream_seconds)  # fmt: skip
             if args.before:  # the same measure of --before's proxy, in the same run
                 tree = checkout(args.before, tmp)
-                before = _streaming(output_file, tmp, common, len(output_ids),
+                before = _streaming(stream_file, tmp, stream_common, len(stream_ids),
                                     args.stream_seconds, tree=tree)  # fmt: skip
                 stream["stream_before"] = args.before
                 for key in ("whole_cpu_us_per_call", "stream_cpu_us_per_call",
@@ -942,7 +966,8 @@ def main(args: argparse.Namespace) -> int:
             f"streaming at {STREAM_SESSIONS} sessions: {stream['stream_cpu_us_per_call']:.0f} us "
             f"CPU per streamed call vs {stream['whole_cpu_us_per_call']:.0f} whole "
             f"(runs {stream['stream_cpu_us_per_call_runs']} vs "
-            f"{stream['whole_cpu_us_per_call_runs']}), {len(output_ids)} engine chunks and "
+            f"{stream['whole_cpu_us_per_call_runs']}), "
+            f"{stream['stream_engine_chunks_per_call']} engine chunks and "
             f"{stream['stream_sse_chunks_per_call']} SSE chunks a call: "
             f"{stream['stream_added_cpu_us_per_chunk']:.1f} us added per chunk "
             f"(target <= {STREAM_CHUNK_TARGET_US:.0f})"
@@ -956,11 +981,12 @@ def main(args: argparse.Namespace) -> int:
             )
         if not summary:
             whole, ours = stream["whole_cpu_us_per_call"], stream["stream_cpu_us_per_call"]
+            chunks = stream["stream_engine_chunks_per_call"]
             summary.update({
                 "metric": "proxy CPU per streamed call (baseline: the same call whole)",
                 "unit": "us CPU per call", "baseline": whole, "ours": ours,
                 "ratio": round(ours / whole, 3),
-                "target": round(whole + STREAM_CHUNK_TARGET_US * len(output_ids), 1),
+                "target": round(whole + STREAM_CHUNK_TARGET_US * chunks, 1),
                 "met": stream["stream_met"],
             })  # fmt: skip
         summary.update(stream)
@@ -1054,6 +1080,10 @@ def _args() -> argparse.Namespace:
                    help="main: which measures to run (default: all but workers)")  # fmt: skip
     p.add_argument("--stream-seconds", type=float, default=STREAM_SECONDS,
                    help="main: each of the 4 runs of the streaming measure")  # fmt: skip
+    p.add_argument("--stream-answer-tokens", type=int, default=0,
+                   help="main: the streamed answer's length in tokens (its reasoning "
+                        "lengthened; 0: the bench's answer as it is)")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, default=256, help="load: the calls' max_tokens")
     p.add_argument("--rss-seconds", type=float, default=RSS_SECONDS,
                    help="main: the long run's length (the issue's run: 600)")  # fmt: skip
     p.add_argument("--rss-interval", type=float, default=2.0,

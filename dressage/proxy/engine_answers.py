@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dressage.http_json import loads_engine
+from dressage.proxy.cumulative import CumulativeCut
 
 __all__ = [
     "EngineError",
@@ -165,27 +166,31 @@ async def read_stream(
 ) -> AsyncIterator[EngineOutput]:
     """A streamed answer's SSE lines as each chunk's new tokens; the last carries ``finish``."""
     received = 0
+    cut = CumulativeCut()
     async for line in lines:
         if not line.startswith(b"data:"):
             continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
+        # one copy of a long chunk, not two: orjson reads past the spaces that strip() would cut
+        payload = line[6:] if line.startswith(b"data: ") else line[5:].strip()
+        if len(payload) < 16 and payload.strip() == b"[DONE]":
             break
-        try:
-            data = loads_engine(payload)
-        except ValueError:
-            raise EngineError(url, f"request {rid}: bad stream chunk {payload!r:.200}") from None
-        if isinstance(data, dict) and "error" in data:
-            raise EngineRejectedError(url, 400, error_message(payload))
-        if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
-            raise EngineError(url, f"request {rid}: unexpected chunk {data!r:.200}")
-        meta = data["meta_info"]
-        triples = _raw_triples(meta, rid, url)
-        count = meta.get("completion_tokens")
         # Cumulative chunks (SGLang's default) repeat every token so far; incremental ones
         # (--incremental-streaming-output) carry only the new ones, with a cumulative count.
-        # Only the new ones are read.
-        start = received if count is None or count == len(triples) else 0
+        # Only the new ones are read, and a cumulative chunk is cut to them before it is parsed
+        # (dressage.proxy.cumulative), unless its count says the cut went wrong.
+        short, was_cut = cut(payload)
+        meta = _chunk_meta(short, payload, rid, url)
+        triples = _raw_triples(meta, rid, url)
+        count = meta.get("completion_tokens")
+        if was_cut and count != received + len(triples):
+            meta = _chunk_meta(payload, payload, rid, url)
+            triples = _raw_triples(meta, rid, url)
+            count = meta.get("completion_tokens")
+            was_cut = False
+        if was_cut:
+            start = 0
+        else:
+            start = received if count is None or count == len(triples) else 0
         ids, logprobs = _triples(triples[start:], rid, url)
         out = _output(meta, rid, url, ids, logprobs, start=received)
         out.top_logprobs = _tops(meta, start)
@@ -195,6 +200,20 @@ async def read_stream(
             await _drain(lines)
             return
     raise EngineError(url, f"request {rid}: the stream ended without a finish_reason")
+
+
+def _chunk_meta(text: bytes, payload: bytes, rid: str, url: str) -> dict[str, Any]:
+    """The ``meta_info`` of a stream chunk (``text``: the chunk, perhaps cut; ``payload``: as
+    sent, for the messages)."""
+    try:
+        data = loads_engine(text)
+    except ValueError:
+        raise EngineError(url, f"request {rid}: bad stream chunk {payload!r:.200}") from None
+    if isinstance(data, dict) and "error" in data:
+        raise EngineRejectedError(url, 400, error_message(payload))
+    if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
+        raise EngineError(url, f"request {rid}: unexpected chunk {data!r:.200}")
+    return data["meta_info"]
 
 
 DRAIN_S = 1.0

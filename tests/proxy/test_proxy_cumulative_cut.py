@@ -1,0 +1,264 @@
+"""A cumulative stream chunk is cut to what the chunk before it did not send, before it is parsed
+(dressage.proxy.cumulative), and the stream reads exactly as parsing every chunk whole would.
+
+The reference here is the plain reading: each chunk parsed whole, its tokens from the count of
+tokens already read on. Streams are generated as SGLang writes them (orjson, no spaces) and as
+``json.dumps`` writes them (spaces), cumulative and incremental, with and without top log-probs,
+with text that holds escapes, quotes, brackets and non-ASCII characters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dressage.http_json import loads_engine
+from dressage.proxy import cumulative
+from dressage.proxy.cumulative import CumulativeCut
+from dressage.proxy.engine_answers import EngineOutput, read_stream
+
+URL = "http://unused:1"
+
+
+@pytest.fixture(autouse=True)
+def _cut_every_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks under ``CUT_FROM_BYTES`` are parsed whole; here every chunk takes the cut, so that
+    small generated streams test it (one test below keeps the threshold)."""
+    monkeypatch.setattr(cumulative, "CUT_FROM_BYTES", 0)
+
+
+def _dump(value: Any, spaced: bool) -> bytes:
+    return json.dumps(value).encode() if spaced else orjson.dumps(value)
+
+
+def _events(
+    tokens: list[tuple[float, int, str]],
+    sizes: list[int],
+    *,
+    tops: bool,
+    incremental: bool,
+    extra: bool = False,
+) -> list[dict[str, Any]]:
+    """The chunks of a stream of ``tokens`` (logprob, id, text), ``sizes`` new tokens a chunk."""
+    events, at = [], 0
+    for k, size in enumerate(sizes):
+        new = tokens[at : at + size]
+        shown = new if incremental else tokens[: at + size]
+        at += size
+        meta: dict[str, Any] = {
+            "id": "r",
+            "finish_reason": {"type": "stop", "matched": 1} if k == len(sizes) - 1 else None,
+            "prompt_tokens": 7,
+            "weight_version": "3",
+            "completion_tokens": at,
+            "cached_tokens": 0,
+            "output_token_logprobs": [[lp, i, None] for lp, i, _ in shown],
+        }
+        if tops:
+            meta["output_top_logprobs"] = [
+                None if i % 5 == 0 else [[lp, i, None], [lp - 1.5, i + 1, None]]
+                for lp, i, _ in shown
+            ]
+        if extra:  # keys SGLang adds after the lists, and the keys' names as values
+            meta["e2e_latency"] = 0.25
+            meta["weight_versions"] = [{"start": 0, "end": at, "version": "3"}]
+            meta = {"note": "output_top_logprobs", "names": ["output_token_logprobs"], **meta}
+        text, ids = "".join(t for *_, t in shown), [i for _, i, _ in shown]
+        if extra:  # meta_info first: the keys in another order than SGLang's
+            events.append({"meta_info": meta, "output_ids": ids, "text": text})
+        else:
+            events.append({"text": text, "output_ids": ids, "meta_info": meta})
+    return events
+
+
+async def _lines(payloads: list[bytes]) -> AsyncIterator[bytes]:
+    for payload in payloads:
+        yield b"data: " + payload
+        yield b""
+    yield b"data: [DONE]"
+
+
+def _read(payloads: list[bytes]) -> list[EngineOutput]:
+    async def go() -> list[EngineOutput]:
+        return [out async for out in read_stream(_lines(payloads), "r", URL)]
+
+    return asyncio.run(go())
+
+
+def _reference(payloads: list[bytes]) -> list[tuple[list[int], list[float], list[Any], Any]]:
+    """Each chunk parsed whole: its new ids, log-probs, top log-probs and finish."""
+    out, received = [], 0
+    for payload in payloads:
+        meta = loads_engine(payload)["meta_info"]
+        triples = meta["output_token_logprobs"]
+        start = received if meta["completion_tokens"] == len(triples) else 0
+        new = triples[start:]
+        tops = [
+            [(float(e[0]), int(e[1])) for e in (p or [])]
+            for p in (meta.get("output_top_logprobs") or [])[start:]
+        ]
+        out.append(([t[1] for t in new], [t[0] for t in new], tops, meta["finish_reason"]))
+        received += len(new)
+        if meta["finish_reason"] is not None:
+            break
+    return out
+
+
+def _as_tuples(outputs: list[EngineOutput]) -> list[tuple[list[int], list[float], list[Any], Any]]:
+    return [(o.output_ids, o.logprobs, o.top_logprobs, o.finish) for o in outputs]
+
+
+SPECIAL = list('"\\[]{},:\n\t\u00e9\u4e2d')
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)) | st.sampled_from(SPECIAL), max_size=4)
+TOKEN = st.tuples(
+    st.floats(-30, 0, allow_nan=False) | st.sampled_from([-0.25, 0.0, -1e-05]),
+    st.integers(0, 250_000),
+    TEXT,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(TOKEN, min_size=1, max_size=40),
+    cuts=st.lists(st.integers(0, 4), max_size=40),
+    tops=st.booleans(),
+    incremental=st.booleans(),
+    spaced=st.booleans(),
+    extra=st.booleans(),
+)
+def test_a_stream_reads_as_every_chunk_parsed_whole(
+    tokens: list[tuple[float, int, str]],
+    cuts: list[int],
+    tops: bool,
+    incremental: bool,
+    spaced: bool,
+    extra: bool,
+) -> None:
+    sizes, left = [], len(tokens)
+    for size in cuts:
+        if left == 0:
+            break
+        sizes.append(min(size, left))
+        left -= sizes[-1]
+    if left:
+        sizes.append(left)
+    events = _events(tokens, sizes, tops=tops, incremental=incremental, extra=extra)
+    payloads = [_dump(e, spaced) for e in events]
+    got = _as_tuples(_read(payloads))
+    assert got == _reference(payloads)
+    assert [i for ids, *_ in got for i in ids] == [i for _, i, _ in tokens]
+
+
+def test_a_cumulative_stream_is_cut_to_its_new_items_from_the_second_chunk_on() -> None:
+    tokens = [(-0.5 - k / 100, 1000 + k, f"w{k} ") for k in range(300)]
+    events = _events(tokens, [1] * 300, tops=True, incremental=False)
+    cut = CumulativeCut()
+    for k, event in enumerate(events):
+        payload = orjson.dumps(event)
+        short, was_cut = cut(payload)
+        assert was_cut == (k > 0)
+        data = orjson.loads(short)
+        if k:
+            # only the new token is left of every repeated value
+            assert data["text"] == f"w{k} "
+            assert data["output_ids"] == [1000 + k]
+            assert data["meta_info"]["output_token_logprobs"] == [[tokens[k][0], 1000 + k, None]]
+            assert len(data["meta_info"]["output_top_logprobs"]) == 1
+            assert len(short) < 400
+    assert len(payload) > 15_000  # the last chunk whole
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "cut_ids"),
+    [
+        # the last id grew (2 -> 23): the previous bytes begin the value but end no item
+        ([2], [23, 4], [23, 4]),
+        # an earlier id changed: not cut
+        ([2, 5], [3, 5, 4], [3, 5, 4]),
+        # the same ids again: cut to none
+        ([2], [2], []),
+        # new ids after the old ones: cut to those
+        ([2, 5], [2, 5, 4, 1], [4, 1]),
+    ],
+)
+def test_a_value_is_cut_only_where_the_previous_bytes_end_at_an_item(
+    first: list[int], second: list[int], cut_ids: list[int]
+) -> None:
+    def chunk(ids: list[int], finish: Any) -> bytes:
+        meta = {"completion_tokens": len(ids), "finish_reason": finish}
+        meta["output_token_logprobs"] = [[-0.5, i, None] for i in ids]
+        return orjson.dumps({"text": "", "output_ids": ids, "meta_info": meta})
+
+    payloads = [chunk(first, None), chunk(second, {"type": "stop"})]
+    cut = CumulativeCut()
+    cut(payloads[0])
+    short, _ = cut(payloads[1])
+    assert orjson.loads(short)["output_ids"] == cut_ids
+    assert _as_tuples(_read(payloads)) == _reference(payloads)
+
+
+def test_a_chunk_whose_count_disagrees_with_the_cut_is_read_whole() -> None:
+    """An incremental stream whose second chunk repeats the first chunk's bytes: the cut would
+    drop a real token, and the cumulative count says so."""
+    same = [-0.25, 5, None]
+    payloads = [
+        orjson.dumps({"meta_info": {"completion_tokens": 1, "output_token_logprobs": [same]}}),
+        orjson.dumps(
+            {
+                "meta_info": {
+                    "completion_tokens": 3,
+                    "finish_reason": {"type": "length"},
+                    "output_token_logprobs": [same, [-0.25, 6, None]],
+                }
+            }
+        ),
+    ]
+    assert [o.output_ids for o in _read(payloads)] == [[5], [5, 6]]
+
+
+def test_top_logprobs_that_appear_midway_are_not_cut_apart_from_their_tokens() -> None:
+    """The per-token lists are cut together: a chunk whose top log-probs have no previous value
+    to cut from is read whole, so its tops stay aligned with its tokens."""
+    tokens = [(-0.5, 10 + k, "a") for k in range(4)]
+    plain = _events(tokens, [1, 1, 1, 1], tops=False, incremental=False)
+    with_tops = _events(tokens, [1, 1, 1, 1], tops=True, incremental=False)
+    payloads = [orjson.dumps(e) for e in (plain[0], plain[1], with_tops[2], with_tops[3])]
+    assert _as_tuples(_read(payloads)) == _reference(payloads)
+
+
+def test_a_long_random_stream_with_coalesced_chunks() -> None:
+    rng = random.Random(7)
+    tokens = [
+        (rng.uniform(-20, 0), rng.randrange(250_000), rng.choice(["x", '"', "\\", "]", "é", " "]))
+        for _ in range(500)
+    ]
+    sizes = []
+    while sum(sizes) < len(tokens):
+        sizes.append(min(rng.choice([1, 1, 1, 2, 3, 7]), len(tokens) - sum(sizes)))
+    events = _events(tokens, sizes, tops=True, incremental=False, extra=True)
+    payloads = [orjson.dumps(e) for e in events]
+    assert _as_tuples(_read(payloads)) == _reference(payloads)
+
+
+def test_chunks_under_the_threshold_are_parsed_whole_and_larger_ones_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cumulative, "CUT_FROM_BYTES", 8192)
+    tokens = [(-0.5 - k / 1000, 1000 + k, "word ") for k in range(400)]
+    events = _events(tokens, [1] * 400, tops=False, incremental=False)
+    payloads = [orjson.dumps(e) for e in events]
+    cut = CumulativeCut()
+    was = [cut(p)[1] for p in payloads]
+    first_large = next(k for k, p in enumerate(payloads) if len(p) >= 8192)
+    assert 50 < first_large < 350
+    # the first large chunk is read whole (its values' ends are found), the rest are cut
+    assert was == [False] * (first_large + 1) + [True] * (len(payloads) - first_large - 1)
+    assert _as_tuples(_read(payloads)) == _reference(payloads)
