@@ -175,7 +175,11 @@ def loads_engine(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
+        pass
+    try:
         return _json_loads(raw)
+    except RecursionError:  # orjson refuses past 1,024 levels, json's recursion runs out
+        raise ValueError("the engine's JSON nests arrays and objects too deep to read") from None
 
 
 def dumps(obj: Any) -> bytes:

@@ -93,3 +93,15 @@ def test_dumps_falls_back_to_json_for_what_orjson_does_not_write() -> None:
     assert dumps({1: [2**70]}) == b'{"1":[1180591620717411303424]}'
     with pytest.raises(UnicodeEncodeError):  # a lone surrogate is no UTF-8, as before
         dumps(["\ud800"])
+
+
+def test_an_engine_answer_nested_past_what_json_can_read_is_a_value_error() -> None:
+    """orjson refuses past 1,024 levels and ``json``'s recursion runs out: one ValueError, which
+    the engine client turns into a 502, not a RecursionError out of the call."""
+    from dressage.http_json import loads_engine
+    from dressage.proxy.engine_answers import error_message
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(ValueError, match="too deep"):
+        loads_engine(deep)
+    assert error_message(deep).startswith("[[[")

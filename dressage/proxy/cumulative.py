@@ -124,11 +124,15 @@ class CumulativeCut:
     def __init__(self) -> None:
         self._sent: dict[bytes, bytes] = {}
         """Per key, the previous chunk's value from its opener up to (not with) its closer."""
+        self._off = False
+        """Set once a per-token list did not go on from its previous value: finding where such
+        a list ends from its opener is a Python step per item, so a stream that changes what
+        it sent is parsed whole from then on, as it was before the cut existed."""
 
     def __call__(self, payload: bytes) -> tuple[bytes, bool]:
         """``payload`` with what the previous chunk already sent cut from each repeated value,
         and whether the per-token lists were cut."""
-        if len(payload) < CUT_FROM_BYTES:
+        if self._off or len(payload) < CUT_FROM_BYTES:
             if self._sent:
                 self._sent = {}
             return payload, False
@@ -142,6 +146,9 @@ class CumulativeCut:
                 continue
             sent = self._sent.get(key)
             skip = _resume(payload, start, sent)
+            if skip < 0 and sent is not None and key in PER_TOKEN:
+                self._off, self._sent = True, {}
+                return payload, False
             if skip < 0:  # nothing to cut: find the value's end from its opener
                 end = _end(payload, start, start + 1)
             else:

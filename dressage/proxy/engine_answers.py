@@ -133,7 +133,7 @@ def error_message(body: bytes) -> str:
     """The message of any SGLang / router error shape (docs/sglang.md sections 6, 7)."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return body.decode("utf-8", "replace")[:500] or "(empty body)"
     if isinstance(data, dict):
         error = data.get("error")

@@ -262,3 +262,38 @@ def test_chunks_under_the_threshold_are_parsed_whole_and_larger_ones_cut(
     # the first large chunk is read whole (its values' ends are found), the rest are cut
     assert was == [False] * (first_large + 1) + [True] * (len(payloads) - first_large - 1)
     assert _as_tuples(_read(payloads)) == _reference(payloads)
+
+
+def test_a_stream_that_changes_what_it_sent_is_parsed_whole_from_then_on() -> None:
+    """Each chunk's first log-prob differs from the one before: after the first mismatch no
+    chunk is cut (finding a list's end anew is a Python step per item), and the stream reads
+    as parsing every chunk whole."""
+    payloads = []
+    for k in range(1, 30):
+        triples = [[-0.5 - (0.01 * k if j == 0 else 0), 100 + j, None] for j in range(k)]
+        finish = {"type": "stop"} if k == 29 else None
+        meta = {"completion_tokens": k, "finish_reason": finish, "output_token_logprobs": triples}
+        payloads.append(orjson.dumps({"text": "", "output_ids": [], "meta_info": meta}))
+    cut = CumulativeCut()
+    assert [cut(p)[1] for p in payloads] == [False] * len(payloads)
+    assert cut._off
+    assert _as_tuples(_read(payloads)) == _reference(payloads)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"meta_info": {"completion_tokens": 2, "output_token_logprobs": ' + b"[" * 20_000,
+        b'{"text": "' + b"x" * 20_000,
+        b'{"meta_info": {"output_token_logprobs": [[-0.5, 1, null]' + b" " * 20_000 + b"}}",
+    ],
+    ids=["unclosed-lists", "unclosed-text", "unclosed-after-items"],
+)
+def test_a_broken_large_chunk_after_a_good_one_is_an_engine_error(bad: bytes) -> None:
+    from dressage.proxy.engine_answers import EngineError
+
+    good = orjson.dumps(
+        {"meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 1, None]]}}
+    )
+    with pytest.raises(EngineError, match="bad stream chunk"):
+        _read([good, bad])
