@@ -480,9 +480,10 @@ def proxy_process(
     core: int | None = 0,
     workers: int = 1,
     tree: Path = REPO,
+    extra: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[str], str]:
     argv = ["-m", "dressage.proxy.server", "--engine-url", engine_url, "--port", "0"]
-    argv += ["--store-dir", store, "--admin-key", ADMIN_KEY, "--log-level", "warning"]
+    argv += ["--store-dir", store, "--admin-key", ADMIN_KEY, "--log-level", "warning", *extra]
     if workers != 1:
         argv += ["--workers", str(workers)]
     if fsync:
@@ -597,10 +598,12 @@ def _streaming(
     seconds: float,
     *,
     tree: Path = REPO,
+    interval: int = 1,
 ) -> dict[str, Any]:
     """CPU per call of one proxy, whole and streamed, alternating (whole, streamed, whole,
-    streamed) so that a drift of the machine falls on both; ``chunks``: the engine's chunks per
-    streamed answer. The engine here streams as SGLang does: chunked, one token's event a chunk,
+    streamed) so that a drift of the machine falls on both; ``chunks``: the answer's tokens, a
+    chunk each, or one chunk every ``interval`` tokens (the proxy's ``--stream-interval``). The
+    engine here streams as SGLang does: chunked, one event an HTTP chunk,
     :data:`STREAM_INTERVAL_MS` apart, so that each chunk reaches the proxy on its own (sent all
     at once, a whole answer's events would arrive in one read)."""
     engine, engine_url = spawn(
@@ -608,7 +611,9 @@ def _streaming(
             "--stream-interval-ms", str(STREAM_INTERVAL_MS)], "SCRIPTED_ENGINE_URL=",
     )  # fmt: skip
     common = [*common, "--engine", engine_url]
-    proxy, url = proxy_process(engine_url, str(tmp / f"store-stream-{tree.name}"), tree=tree)
+    extra = ("--stream-interval", str(interval)) if interval > 1 else ()
+    store = str(tmp / f"store-stream-{tree.name}-{interval}")
+    proxy, url = proxy_process(engine_url, store, tree=tree, extra=extra)
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     try:
         for k, stream in enumerate((False, True, False, True)):
@@ -623,6 +628,7 @@ def _streaming(
         stop_process(engine)
     whole = statistics.fmean(r["cpu_us_per_call"] for r in runs[False])
     streamed = statistics.fmean(r["cpu_us_per_call"] for r in runs[True])
+    tokens, chunks = chunks, -(-chunks // interval)
     per_chunk = (streamed - whole) / chunks
     sse = sum(r["sse_chunks"] for r in runs[True]) / sum(r["total_calls"] for r in runs[True])
     return {
@@ -636,6 +642,7 @@ def _streaming(
         "whole_calls_per_s": round(statistics.fmean(r["calls_per_s"] for r in runs[False]), 1),
         "stream_calls_per_s": round(statistics.fmean(r["calls_per_s"] for r in runs[True]), 1),
         "stream_added_cpu_us_per_chunk": round(per_chunk, 2),
+        "stream_added_cpu_us_per_token": round((streamed - whole) / tokens, 2),
         "stream_chunk_target_us": STREAM_CHUNK_TARGET_US,
         "stream_met": per_chunk <= STREAM_CHUNK_TARGET_US,
     }
@@ -937,6 +944,14 @@ def main(args: argparse.Namespace) -> int:
                                  "--max-tokens", str(len(stream_ids) + 64)]  # fmt: skip
             stream = _streaming(stream_file, tmp, stream_common, len(stream_ids),
                                 args.stream_seconds)  # fmt: skip
+            if args.stream_interval > 1:  # the same proxy with --stream-interval, same run
+                spaced = _streaming(stream_file, tmp, stream_common, len(stream_ids),
+                                    args.stream_seconds, interval=args.stream_interval)  # fmt: skip
+                stream["stream_interval"] = args.stream_interval
+                for key in ("stream_engine_chunks_per_call", "whole_cpu_us_per_call",
+                            "stream_cpu_us_per_call", "stream_added_cpu_us_per_chunk",
+                            "stream_added_cpu_us_per_token"):  # fmt: skip
+                    stream[f"interval_{key}"] = spaced[key]
             if args.before:  # the same measure of --before's proxy, in the same run
                 tree = checkout(args.before, tmp)
                 before = _streaming(stream_file, tmp, stream_common, len(stream_ids),
@@ -972,6 +987,16 @@ def main(args: argparse.Namespace) -> int:
             f"{stream['stream_added_cpu_us_per_chunk']:.1f} us added per chunk "
             f"(target <= {STREAM_CHUNK_TARGET_US:.0f})"
         )
+        if "stream_interval" in stream:
+            print(
+                f"  --stream-interval {stream['stream_interval']}: "
+                f"{stream['interval_stream_cpu_us_per_call']:.0f} us per streamed call vs "
+                f"{stream['interval_whole_cpu_us_per_call']:.0f} whole, "
+                f"{stream['interval_stream_engine_chunks_per_call']} engine chunks a call: "
+                f"{stream['interval_stream_added_cpu_us_per_chunk']:.1f} us added per chunk, "
+                f"{stream['interval_stream_added_cpu_us_per_token']:.1f} per token (against "
+                f"{stream['stream_added_cpu_us_per_token']:.1f} a token a chunk)"
+            )
         if "stream_before" in stream:
             print(
                 f"  --before {stream['stream_before']}: "
@@ -1084,6 +1109,8 @@ def _args() -> argparse.Namespace:
                    help="main: the streamed answer's length in tokens (its reasoning "
                         "lengthened; 0: the bench's answer as it is)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=256, help="load: the calls' max_tokens")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="main: also measure streaming through --stream-interval N")  # fmt: skip
     p.add_argument("--rss-seconds", type=float, default=RSS_SECONDS,
                    help="main: the long run's length (the issue's run: 600)")  # fmt: skip
     p.add_argument("--rss-interval", type=float, default=2.0,

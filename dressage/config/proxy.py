@@ -187,6 +187,16 @@ class ProxyConfig(BaseModel):
         "context leaves).",
     )
 
+    stream_interval: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Tokens per chunk the engine streams on a streamed call, asked with SGLang's "
+        "per-request stream_interval (None: the engine's own --stream-interval, 1 by default). "
+        "The agent gets its deltas in fewer, larger pieces and the final message is the same; a "
+        "chunk costs the proxy about 70 µs of CPU whatever it holds (docs/proxy-performance.md).",
+    )
+
     client_refusal_rate: float = Field(
         10.0,
         ge=0,
@@ -389,6 +399,7 @@ def parser() -> argparse.ArgumentParser:
     add("--max-request-bytes", type=int, help=h("max_request_bytes"))
     add("--served-model-name", help=h("served_model_name"))
     add("--default-max-tokens", type=int, help=h("default_max_tokens"))
+    add("--stream-interval", type=int, help=h("stream_interval"))
     add(
         "--client-refusal-rate",
         type=float,

@@ -402,11 +402,14 @@ class SessionManager(SessionRegistry):
                 stops=request.sampling.get("stop") or (),
             )
             decoder = IncrementalDecoder(self.tito.decode)
+            sampling = await self._sampling(request, turn, context)
+            if self.config.stream_interval is not None:  # --stream-interval
+                sampling.setdefault("stream_interval", self.config.stream_interval)
             try:
                 deltas = self.controller.generate_stream(
                     session_id,
                     turn.prompt,
-                    await self._sampling(request, turn, context),
+                    sampling,
                     request_id=completion_id,
                     keep_partial=self._keep_partial(session_id, request),
                     client_gone=request.client_gone,

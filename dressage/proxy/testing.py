@@ -134,11 +134,13 @@ class ScriptedEngine:
         return json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode()
 
     def _stream_body(self, body: dict[str, Any], final: bytes) -> bytes:
-        """Cumulative SSE chunks, one per token, the last one carrying the finish reason."""
+        """Cumulative SSE chunks, one per ``sampling_params.stream_interval`` tokens (1 if not
+        given), the last one carrying the finish reason."""
         data = json.loads(final)
         ids, meta = data["output_ids"], data["meta_info"]
+        interval = (body.get("sampling_params") or {}).get("stream_interval") or 1
         events = []
-        for k in range(1, len(ids)):
+        for k in range(interval, len(ids), interval):
             partial = dict(meta, finish_reason=None, completion_tokens=k)
             partial["output_token_logprobs"] = meta["output_token_logprobs"][:k]
             events.append({"text": "", "output_ids": ids[:k], "meta_info": partial})

@@ -14,6 +14,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -254,3 +255,52 @@ def test_the_engine_client_against_the_embedded_engine(engine_url: str) -> None:
     assert streamed[-1].finish == plain.finish == {"type": "length", "length": 6}
     assert plain.versions == [3] * 6 and version == "3"
     assert workers == [engine_url]  # a plain server: /workers is 404
+
+
+def test_stream_interval_asks_the_engine_for_fewer_larger_chunks(
+    engine_url: str, tmp_path: Path, qwen35_tito: TITOTokenizer
+) -> None:
+    """``--stream-interval 4``: a streamed call asks the engine for a chunk every 4 tokens (the
+    embedded engine honours SGLang's per-request ``stream_interval``), a whole call asks
+    nothing, and the agent's streamed message is still the recorded one."""
+    wire = WireLog(engine_url)
+
+    async def run(url: str) -> str:
+        client = AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        content = ""
+        for sid, stream in (("si-s", True), ("si-w", False)):
+            if not stream:
+                await client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "Go."}], max_tokens=12,  # type: ignore[arg-type]
+                    temperature=0, extra_headers={"X-Session-Id": sid},
+                )  # fmt: skip
+                continue
+            events = await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Go."}], max_tokens=12,  # type: ignore[arg-type]
+                temperature=0, stream=True, extra_headers={"X-Session-Id": sid},
+                extra_body=NO_THINK,
+            )  # fmt: skip
+            async for chunk in events:
+                if chunk.choices:
+                    content += chunk.choices[0].delta.content or ""
+        await client.close()
+        return content
+
+    counted: list[int] = []
+    original = wire._chunks
+
+    async def counting(lines: Any, rid: str) -> Any:
+        async for out in original(lines, rid):
+            counted.append(len(out.output_ids))
+            yield out
+
+    wire._chunks = counting  # type: ignore[method-assign]
+    with running_proxy(engine_url, tmp_path, qwen35_tito, engine=wire, stream_interval=4) as url:
+        content = asyncio.run(run(url))
+        (step,) = SyncProxyClient(url).read_trajectory("si-s").steps
+    streamed, whole = wire.requests
+    assert streamed["stream"] is True and streamed["sampling_params"]["stream_interval"] == 4
+    assert whole["stream"] is False and "stream_interval" not in whole["sampling_params"]
+    assert counted == [4, 4, 4], "12 tokens came in 3 chunks of 4"
+    assert content == (step.messages[-1].get("content") or "")
+    assert len(step.output_ids) == 12

@@ -163,6 +163,20 @@ def test_a_stream_sent_at_once_or_chunked_and_paced_gives_each_token_once(
         assert [out.output_ids for out in outs] == [[i] for i in ids]
 
 
+def test_the_scripted_engine_streams_a_chunk_every_stream_interval_tokens() -> None:
+    """As SGLang does with a per-request ``stream_interval``: the bench's long streams use it."""
+    ids = [11, 12, 13, 14, 15, 16, 17]
+    with _engine(EngineReply(ids), stream_interval_s=0.002) as engine:
+        client = EngineClient(engine.url)
+
+        async def collect() -> list[Any]:
+            stream = client.generate_stream(PromptIds.of([1]), {"stream_interval": 3}, rid="r")
+            return [out async for out in stream]
+
+        outs = _run(_with(client, collect()))
+    assert [out.output_ids for out in outs] == [[11, 12, 13], [14, 15, 16], [17]]
+
+
 def test_a_finished_stream_is_read_to_its_end_and_its_connection_reused() -> None:
     """After the finish chunk the client reads the rest ([DONE], the body's end), so the next
     streamed call goes over the same connection instead of a new one."""
