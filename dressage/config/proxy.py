@@ -192,7 +192,7 @@ class ProxyConfig(BaseModel):
         ge=1,
         le=1024,
         description="Tokens per chunk the engine streams on a streamed call, asked with SGLang's "
-        "per-request stream_interval (None: the engine's own --stream-interval, 1 by default). "
+        "per-request stream_interval (unset: the engine's own --stream-interval, 1 by default). "
         "The agent gets its deltas in fewer, larger pieces and the final message is the same; a "
         "chunk costs the proxy about 70 µs of CPU whatever it holds (docs/proxy-performance.md).",
     )
