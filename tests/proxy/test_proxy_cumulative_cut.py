@@ -46,6 +46,7 @@ def _events(
     tops: bool,
     incremental: bool,
     extra: bool = False,
+    texts: bool = False,
 ) -> list[dict[str, Any]]:
     """The chunks of a stream of ``tokens`` (logprob, id, text), ``sizes`` new tokens a chunk."""
     events, at = [], 0
@@ -60,12 +61,12 @@ def _events(
             "weight_version": "3",
             "completion_tokens": at,
             "cached_tokens": 0,
-            "output_token_logprobs": [[lp, i, None] for lp, i, _ in shown],
+            "output_token_logprobs": [[lp, i, t if texts else None] for lp, i, t in shown],
         }
         if tops:
             meta["output_top_logprobs"] = [
-                None if i % 5 == 0 else [[lp, i, None], [lp - 1.5, i + 1, None]]
-                for lp, i, _ in shown
+                None if i % 5 == 0 else [[lp, i, t if texts else None], [lp - 1.5, i + 1, None]]
+                for lp, i, t in shown
             ]
         if extra:  # keys SGLang adds after the lists, and the keys' names as values
             meta["e2e_latency"] = 0.25
@@ -133,6 +134,7 @@ TOKEN = st.tuples(
     incremental=st.booleans(),
     spaced=st.booleans(),
     extra=st.booleans(),
+    texts=st.booleans(),
 )
 def test_a_stream_reads_as_every_chunk_parsed_whole(
     tokens: list[tuple[float, int, str]],
@@ -141,6 +143,7 @@ def test_a_stream_reads_as_every_chunk_parsed_whole(
     incremental: bool,
     spaced: bool,
     extra: bool,
+    texts: bool,
 ) -> None:
     sizes, left = [], len(tokens)
     for size in cuts:
@@ -150,7 +153,7 @@ def test_a_stream_reads_as_every_chunk_parsed_whole(
         left -= sizes[-1]
     if left:
         sizes.append(left)
-    events = _events(tokens, sizes, tops=tops, incremental=incremental, extra=extra)
+    events = _events(tokens, sizes, tops=tops, incremental=incremental, extra=extra, texts=texts)
     payloads = [_dump(e, spaced) for e in events]
     got = _as_tuples(_read(payloads))
     assert got == _reference(payloads)
@@ -243,7 +246,7 @@ def test_a_long_random_stream_with_coalesced_chunks() -> None:
     sizes = []
     while sum(sizes) < len(tokens):
         sizes.append(min(rng.choice([1, 1, 1, 2, 3, 7]), len(tokens) - sum(sizes)))
-    events = _events(tokens, sizes, tops=True, incremental=False, extra=True)
+    events = _events(tokens, sizes, tops=True, incremental=False, extra=True, texts=True)
     payloads = [orjson.dumps(e) for e in events]
     assert _as_tuples(_read(payloads)) == _reference(payloads)
 
