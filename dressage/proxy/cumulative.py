@@ -146,7 +146,7 @@ class CumulativeCut:
             if self._sent:
                 self._sent = {}
             return payload, False
-        cuts: dict[bytes, tuple[int, int, int]] = {}  # key -> (value start, cut end, closer)
+        cuts: dict[bytes, tuple[int, int]] = {}  # key -> (value start, where the new part starts)
         seen: dict[bytes, bytes] = {}
         frm = 0
         spans: list[tuple[int, int]] = []
@@ -169,7 +169,7 @@ class CumulativeCut:
             spans.append((start, end))
             frm = end
             if skip >= 0:
-                cuts[key] = (start, skip, end)
+                cuts[key] = (start, skip)
         self._sent = seen
         present = [k for k in PER_TOKEN if k in seen]
         per_token = bool(present) and all(k in cuts for k in present)
@@ -178,7 +178,7 @@ class CumulativeCut:
             return payload, False
         pieces: list[bytes] = []
         at = 0
-        for start, skip, _ in sorted(cuts[k] for k in keep):
+        for start, skip in sorted(cuts[k] for k in keep):
             pieces.append(payload[at : start + 1])  # up to and with the opener
             at = skip
             if payload[start] == 0x5B:  # '[': after the old items, spaces and one comma
