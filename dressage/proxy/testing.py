@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import sys
 import threading
@@ -33,6 +34,8 @@ from dressage.commands import command_parser
 from dressage.config.proxy import ProxyConfig
 from dressage.health import wait_healthy
 from dressage.serve_thread import serve_on_thread
+
+_COUNT = re.compile(rb'"completion_tokens": (\d+)')
 
 __all__ = ["EngineReply", "ScriptedEngine", "serve_app", "serve_proxy", "sglang_refusal"]
 
@@ -89,8 +92,11 @@ class ScriptedEngine:
     record: bool = True
     context_length: int | None = None
     stream_interval_s: float | None = None
-    """None: a streamed answer is one write (every event at once); a number: chunked, one HTTP
-    chunk per event, this many seconds apart, as SGLang sends a token at each decode step."""
+    """None: every answer at once, a streamed one in one write; a number: the seconds a token
+    takes to decode. A streamed answer is then sent chunked, an HTTP chunk per event, each
+    event when its tokens are decoded (the first at once), as SGLang sends a token at each
+    decode step, and a whole answer when its last token is, so that a call takes as long
+    streamed or not."""
     seen: list[_Seen] = field(default_factory=list)
     url: str = ""
     held: threading.Event = field(default_factory=threading.Event)
@@ -224,6 +230,9 @@ class ScriptedEngine:
                 if kind == "text/event-stream" and self.stream_interval_s is not None:
                     await self._paced(payload, writer)
                     continue
+                count = _COUNT.search(payload) if route == "/generate" else None
+                if count is not None and status == 200 and self.stream_interval_s is not None:
+                    await asyncio.sleep(self.stream_interval_s * (int(count.group(1)) - 1))
                 writer.write(
                     b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
                     % (status, kind.encode(), len(payload))
@@ -234,13 +243,19 @@ class ScriptedEngine:
             writer.close()
 
     async def _paced(self, events: bytes, writer: asyncio.StreamWriter) -> None:
-        """A streamed answer as SGLang sends it: chunked, an event a chunk, paced."""
+        """A streamed answer as SGLang sends it: chunked, an event a chunk, each when its
+        tokens are decoded; ``[DONE]`` and the body's end right after the last."""
         assert self.stream_interval_s is not None
         writer.write(b"HTTP/1.1 200 X\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
-        for k, event in enumerate(events.split(b"\n\n")[:-1]):
-            if k:
-                await asyncio.sleep(self.stream_interval_s)
+        sent = 0  # tokens sent so far
+        for event in events.split(b"\n\n")[:-1]:
+            count = _COUNT.search(event)
+            if count is not None:  # not [DONE]
+                tokens = int(count.group(1))
+                if sent:
+                    await asyncio.sleep(self.stream_interval_s * (tokens - sent))
+                sent = tokens
             writer.write(b"%x\r\n%s\n\n\r\n" % (len(event) + 2, event))
             await writer.drain()
         writer.write(b"0\r\n\r\n")
@@ -362,8 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0, help="port to serve on (0: a free one)")
     p.add_argument("--output-file", required=True, help="JSON list of output ids")
     p.add_argument("--stream-interval-ms", type=float, default=None,
-                   help="send streamed answers chunked, an event this many ms apart "
-                        "(default: every event in one write)")  # fmt: skip
+                   help="decode a token every this many ms: streamed answers go chunked, "
+                        "an event as its tokens are decoded, whole ones when the last is "
+                        "(default: every answer at once)")  # fmt: skip
     args = p.parse_args(argv)
     with open(args.output_file) as f:
         ids = [int(i) for i in json.load(f)]
