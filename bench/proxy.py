@@ -599,10 +599,12 @@ def _streaming(
     *,
     tree: Path = REPO,
     interval: int = 1,
+    coalesce_ms: float = 0.0,
 ) -> dict[str, Any]:
     """CPU per call of one proxy, whole and streamed, alternating (whole, streamed, whole,
     streamed) so that a drift of the machine falls on both; ``chunks``: the answer's tokens, a
-    chunk each, or one chunk every ``interval`` tokens (the proxy's ``--stream-interval``). The
+    chunk each, or one chunk every ``interval`` tokens (the proxy's ``--stream-interval``);
+    ``coalesce_ms``: the proxy's ``--stream-coalesce-ms`` (the engine's chunks stay as many). The
     engine here streams as SGLang does: chunked, one event an HTTP chunk,
     :data:`STREAM_INTERVAL_MS` apart, so that each chunk reaches the proxy on its own (sent all
     at once, a whole answer's events would arrive in one read)."""
@@ -612,7 +614,9 @@ def _streaming(
     )  # fmt: skip
     common = [*common, "--engine", engine_url]
     extra = ("--stream-interval", str(interval)) if interval > 1 else ()
-    store = str(tmp / f"store-stream-{tree.name}-{interval}")
+    if coalesce_ms:
+        extra = (*extra, "--stream-coalesce-ms", str(coalesce_ms))
+    store = str(tmp / f"store-stream-{tree.name}-{interval}-{coalesce_ms}")
     proxy, url = proxy_process(engine_url, store, tree=tree, extra=extra)
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     try:
@@ -952,6 +956,15 @@ def main(args: argparse.Namespace) -> int:
                             "stream_cpu_us_per_call", "stream_added_cpu_us_per_chunk",
                             "stream_added_cpu_us_per_token"):  # fmt: skip
                     stream[f"interval_{key}"] = spaced[key]
+            if args.stream_coalesce_ms:  # the same proxy with --stream-coalesce-ms, same run
+                gathered = _streaming(stream_file, tmp, stream_common, len(stream_ids),
+                                      args.stream_seconds,
+                                      coalesce_ms=args.stream_coalesce_ms)  # fmt: skip
+                stream["stream_coalesce_ms"] = args.stream_coalesce_ms
+                for key in ("stream_sse_chunks_per_call", "whole_cpu_us_per_call",
+                            "stream_cpu_us_per_call", "stream_cpu_us_per_call_runs",
+                            "stream_added_cpu_us_per_chunk", "stream_met"):  # fmt: skip
+                    stream[f"coalesce_{key}"] = gathered[key]
             if args.before:  # the same measure of --before's proxy, in the same run
                 tree = checkout(args.before, tmp)
                 before = _streaming(stream_file, tmp, stream_common, len(stream_ids),
@@ -996,6 +1009,17 @@ def main(args: argparse.Namespace) -> int:
                 f"{stream['interval_stream_added_cpu_us_per_chunk']:.1f} us added per chunk, "
                 f"{stream['interval_stream_added_cpu_us_per_token']:.1f} per token (against "
                 f"{stream['stream_added_cpu_us_per_token']:.1f} a token a chunk)"
+            )
+        if "stream_coalesce_ms" in stream:
+            print(
+                f"  --stream-coalesce-ms {stream['stream_coalesce_ms']:g}: "
+                f"{stream['coalesce_stream_cpu_us_per_call']:.0f} us per streamed call vs "
+                f"{stream['coalesce_whole_cpu_us_per_call']:.0f} whole (runs "
+                f"{stream['coalesce_stream_cpu_us_per_call_runs']}), "
+                f"{stream['stream_engine_chunks_per_call']} engine chunks and "
+                f"{stream['coalesce_stream_sse_chunks_per_call']} SSE chunks a call: "
+                f"{stream['coalesce_stream_added_cpu_us_per_chunk']:.1f} us added per engine "
+                f"chunk (target <= {STREAM_CHUNK_TARGET_US:.0f})"
             )
         if "stream_before" in stream:
             print(
@@ -1111,6 +1135,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=256, help="load: the calls' max_tokens")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="main: also measure streaming through --stream-interval N")  # fmt: skip
+    p.add_argument("--stream-coalesce-ms", type=float, default=0.0,
+                   help="main: also measure streaming through --stream-coalesce-ms MS")  # fmt: skip
     p.add_argument("--rss-seconds", type=float, default=RSS_SECONDS,
                    help="main: the long run's length (the issue's run: 600)")  # fmt: skip
     p.add_argument("--rss-interval", type=float, default=2.0,

@@ -197,6 +197,17 @@ class ProxyConfig(BaseModel):
         "chunk costs the proxy about 70 µs of CPU whatever it holds (docs/proxy-performance.md).",
     )
 
+    stream_coalesce_ms: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="On a streamed call, gather the engine's chunks for up to this many "
+        "milliseconds after each one the proxy handles, and handle what arrived together as one "
+        "(0: every chunk as it comes). The agent gets fewer, larger deltas, the first one and "
+        "the answer's end without delay, and the recorded tokens are the same; the proxy's CPU "
+        "per chunk falls to about that of its arrival (docs/proxy-performance.md).",
+    )
+
     client_refusal_rate: float = Field(
         10.0,
         ge=0,
@@ -400,6 +411,7 @@ def parser() -> argparse.ArgumentParser:
     add("--served-model-name", help=h("served_model_name"))
     add("--default-max-tokens", type=int, help=h("default_max_tokens"))
     add("--stream-interval", type=int, help=h("stream_interval"))
+    add("--stream-coalesce-ms", type=float, help=h("stream_coalesce_ms"))
     add(
         "--client-refusal-rate",
         type=float,

@@ -139,6 +139,14 @@ class CumulativeCut:
         a list ends from its opener is a Python step per item, so a stream that changes what
         it sent is parsed whole from then on, as it was before the cut existed."""
 
+    def state(self) -> tuple[dict[bytes, bytes], bool]:
+        """What the cut knows, for :meth:`restore` after a chunk that turned out not to be the
+        next one read (``__call__`` replaces what it keeps, it never changes it in place)."""
+        return self._sent, self._off
+
+    def restore(self, state: tuple[dict[bytes, bytes], bool]) -> None:
+        self._sent, self._off = state
+
     def __call__(self, payload: bytes) -> tuple[bytes, bool]:
         """``payload`` with what the previous chunk already sent cut from each repeated value,
         and whether the per-token lists were cut."""

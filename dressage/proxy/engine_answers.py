@@ -2,7 +2,7 @@
 errors (docs/sglang.md sections 1 and 7).
 
     out = read_output(json.loads(body), "req-1", url)           # a whole answer
-    async for out in read_stream(response.lines(), "req-1", url): ...   # SSE chunks: new tokens
+    async for out in read_stream(response.batches(), "req-1", url): ...  # SSE chunks: new tokens
 
 An answer's ``meta_info.output_token_logprobs`` are ``[logprob, id, text]`` triples, its
 ``finish_reason`` is ``{"type": "stop"|"length"|"abort", ...}`` (an abort with an error status is
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,44 +162,137 @@ def read_output(data: Any, rid: str, url: str) -> EngineOutput:
 
 
 async def read_stream(
-    lines: AsyncIterator[bytes], rid: str, url: str
+    batches: AsyncIterator[Sequence[bytes]], rid: str, url: str
 ) -> AsyncIterator[EngineOutput]:
-    """A streamed answer's SSE lines as each chunk's new tokens; the last carries ``finish``."""
-    received = 0
-    cut = CumulativeCut()
-    async for line in lines:
+    """A streamed answer's SSE lines, a list per arrival (``StreamedResponse.batches``), as each
+    chunk's new tokens; the last carries ``finish``. Where one arrival holds several cumulative
+    chunks, the last alone is read when it holds every new token of them (:class:`_Chunks`)."""
+    chunks = _Chunks(rid, url)
+    async for lines in batches:
+        payloads, done = _payloads(lines)
+        for out in chunks.read(payloads):
+            yield out
+            if out.finish is not None:
+                await _drain(batches)
+                return
+        if done:
+            break
+    raise EngineError(url, f"request {rid}: the stream ended without a finish_reason")
+
+
+def _payloads(lines: Sequence[bytes]) -> tuple[list[bytes], bool]:
+    """The ``data:`` payloads of SSE lines up to ``[DONE]``, and whether it came."""
+    payloads: list[bytes] = []
+    for line in lines:
         if not line.startswith(b"data:"):
             continue
         # one copy of a long chunk, not two: orjson reads past the spaces that strip() would cut
         payload = line[6:] if line.startswith(b"data: ") else line[5:].strip()
         if len(payload) < 16 and payload.strip() == b"[DONE]":
-            break
-        # Cumulative chunks (SGLang's default) repeat every token so far; incremental ones
-        # (--incremental-streaming-output) carry only the new ones, with a cumulative count.
-        # Only the new ones are read, and a cumulative chunk is cut to them before it is parsed
-        # (dressage.proxy.cumulative), unless its count says the cut went wrong.
-        short, was_cut = cut(payload)
-        meta = _chunk_meta(short, payload, rid, url)
-        triples = _raw_triples(meta, rid, url)
+            return payloads, True
+        payloads.append(payload)
+    return payloads, False
+
+
+class _Chunks:
+    """One stream's chunks read in order: each one's new tokens.
+
+    Cumulative chunks (SGLang's default) repeat every token so far; incremental ones
+    (``--incremental-streaming-output``) carry only the new ones, with a cumulative count. Only
+    the new ones are read, and a cumulative chunk is cut to them before it is parsed
+    (:mod:`dressage.proxy.cumulative`), unless its count says the cut went wrong.
+
+    Several chunks that arrived together (a coalescing reader's batch) are read from the last
+    one alone where that gives what reading each would: a cumulative chunk whose count is the
+    tokens read so far plus its new ones, no abort (an error abort fails the call after the
+    tokens before it), and each token's weight version known: from the chunk's per-token spans,
+    or else the chunk's version equals the one read before it (versions only grow, so every
+    chunk between had it too). Otherwise each chunk is read in turn.
+    """
+
+    def __init__(self, rid: str, url: str) -> None:
+        self.rid = rid
+        self.url = url
+        self.received = 0
+        self.cut = CumulativeCut()
+        self.version: int | None = None
+        """The weight version of the last chunk read (None before the first)."""
+        self.incremental = False
+
+    def read(self, payloads: list[bytes]) -> Iterator[EngineOutput]:
+        if len(payloads) > 1 and not self.incremental and self.version is not None:
+            out = self._last_of(payloads[-1])
+            if out is not None:
+                yield out
+                return
+        for payload in payloads:
+            out = self._chunk(payload)
+            yield out
+            if out.finish is not None:
+                return
+
+    def _chunk(self, payload: bytes) -> EngineOutput:
+        short, was_cut = self.cut(payload)
+        meta = _chunk_meta(short, payload, self.rid, self.url)
+        triples = _raw_triples(meta, self.rid, self.url)
         count = meta.get("completion_tokens")
-        if was_cut and count != received + len(triples):
-            meta = _chunk_meta(payload, payload, rid, url)
-            triples = _raw_triples(meta, rid, url)
+        if was_cut and count != self.received + len(triples):
+            meta = _chunk_meta(payload, payload, self.rid, self.url)
+            triples = _raw_triples(meta, self.rid, self.url)
             count = meta.get("completion_tokens")
             was_cut = False
         if was_cut:
             start = 0
+        elif count is None or count == len(triples):
+            start = self.received
         else:
-            start = received if count is None or count == len(triples) else 0
-        ids, logprobs = _triples(triples[start:], rid, url)
-        out = _output(meta, rid, url, ids, logprobs, start=received)
+            start = 0
+            self.incremental = True
+        ids, logprobs = _triples(triples[start:], self.rid, self.url)
+        return self._emit(meta, ids, logprobs, start)
+
+    def _last_of(self, payload: bytes) -> EngineOutput | None:
+        """The new tokens of several chunks from the last of them, or None (nothing read)."""
+        state = self.cut.state()
+        try:
+            short, was_cut = self.cut(payload)
+            meta = _chunk_meta(short, payload, self.rid, self.url)
+            triples = meta.get("output_token_logprobs")
+            count = meta.get("completion_tokens")
+            finish = meta.get("finish_reason")
+            spans = meta.get("weight_versions")
+            ok = (
+                isinstance(triples, list)
+                and isinstance(count, int)
+                and not (isinstance(finish, dict) and finish.get("type") == "abort")
+                and (
+                    (isinstance(spans, list) and bool(spans))
+                    or parse_version(meta.get("weight_version")) == self.version
+                )
+            )
+            start = 0 if was_cut else self.received
+            if ok and triples is not None:
+                if was_cut:
+                    ok = count == self.received + len(triples)
+                else:
+                    ok = count == len(triples) >= self.received
+            if ok and triples is not None:
+                ids, logprobs = _triples(triples[start:], self.rid, self.url)
+                return self._emit(meta, ids, logprobs, start)
+        except EngineError:
+            pass
+        self.cut.restore(state)
+        return None
+
+    def _emit(
+        self, meta: dict[str, Any], ids: list[int], logprobs: list[float], start: int
+    ) -> EngineOutput:
+        """``ids`` (from position ``start`` of the chunk's lists) as the stream's next tokens."""
+        out = _output(meta, self.rid, self.url, ids, logprobs, start=self.received)
         out.top_logprobs = _tops(meta, start)
-        yield out
-        received += len(out.output_ids)
-        if out.finish is not None:
-            await _drain(lines)
-            return
-    raise EngineError(url, f"request {rid}: the stream ended without a finish_reason")
+        self.received += len(ids)
+        self.version = parse_version(meta.get("weight_version"))
+        return out
 
 
 def _chunk_meta(text: bytes, payload: bytes, rid: str, url: str) -> dict[str, Any]:
@@ -220,14 +313,14 @@ DRAIN_S = 1.0
 """How long a stream's rest (``[DONE]``, the end of the body) is waited for after its finish."""
 
 
-async def _drain(lines: AsyncIterator[bytes]) -> None:
+async def _drain(batches: AsyncIterator[Sequence[bytes]]) -> None:
     """Read the stream past its finish: SGLang sends ``data: [DONE]`` and ends the body at once,
     and a body read to its end lets the connection serve the next request (left unread, it is
     closed, and the next streamed call opens another). The answer is whole already, so what
     fails here, or takes longer than :data:`DRAIN_S`, only costs the connection."""
     try:
         async with asyncio.timeout(DRAIN_S):
-            async for _ in lines:
+            async for _ in batches:
                 pass
     except (TimeoutError, ConnectionError, OSError, ValueError, asyncio.IncompleteReadError):
         return

@@ -113,8 +113,12 @@ class EngineClient:
         retries: int = 4,
         backoff: float = 0.05,
         max_backoff: float = 2.0,
+        stream_coalesce: float = 0.0,
     ) -> None:
+        """``stream_coalesce``: seconds to gather a stream's chunks for after each one read
+        (:class:`~dressage.proxy.http1.StreamedResponse`); 0 reads each as it comes."""
         self.url = url.rstrip("/")
+        self.stream_coalesce = stream_coalesce
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
@@ -214,9 +218,11 @@ class EngineClient:
         """A whole answer read (a method, so that a test's client can keep what it read)."""
         return read_output(data, rid, self.url)
 
-    def _chunks(self, lines: AsyncIterator[bytes], rid: str) -> AsyncIterator[EngineOutput]:
+    def _chunks(
+        self, batches: AsyncIterator[Sequence[bytes]], rid: str
+    ) -> AsyncIterator[EngineOutput]:
         """A streamed answer read (a method, so that a test's client can keep what it read)."""
-        return read_stream(lines, rid, self.url)
+        return read_stream(batches, rid, self.url)
 
     async def generate_stream(
         self,
@@ -234,7 +240,7 @@ class EngineClient:
         try:
             response, opened = await self._retrying(lambda: self._open_stream(body, headers))
             async with opened:
-                async for out in self._chunks(response.lines(), rid):
+                async for out in self._chunks(response.batches(), rid):
                     yield out
         except ProtocolFailure as exc:
             raise EngineError(self.url, f"/generate stream broke: {exc}") from None
@@ -248,7 +254,12 @@ class EngineClient:
             try:
                 response = await stack.enter_async_context(
                     self._pool.stream(
-                        "POST", "/generate", body, headers=headers, timeout=self.timeout
+                        "POST",
+                        "/generate",
+                        body,
+                        headers=headers,
+                        timeout=self.timeout,
+                        coalesce=self.stream_coalesce,
                     )
                 )
             except ConnectFailed as exc:

@@ -202,6 +202,7 @@ def create_app(
             admin_key=config.engine_admin_key,
             timeout=config.engine_timeout_s,
             retries=config.engine_retries,
+            stream_coalesce=config.stream_coalesce_ms / 1000,
         )
         owned.append(engine)
     if store is None:

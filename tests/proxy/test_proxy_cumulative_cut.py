@@ -47,18 +47,23 @@ def _events(
     incremental: bool,
     extra: bool = False,
     texts: bool = False,
+    versions: list[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """The chunks of a stream of ``tokens`` (logprob, id, text), ``sizes`` new tokens a chunk."""
+    """The chunks of a stream of ``tokens`` (logprob, id, text), ``sizes`` new tokens a chunk;
+    ``versions``: each chunk's weight version (3 if not given)."""
     events, at = [], 0
+    token_version: list[int] = []
     for k, size in enumerate(sizes):
         new = tokens[at : at + size]
         shown = new if incremental else tokens[: at + size]
         at += size
+        version = versions[k] if versions else 3
+        token_version += [version] * size
         meta: dict[str, Any] = {
             "id": "r",
             "finish_reason": {"type": "stop", "matched": 1} if k == len(sizes) - 1 else None,
             "prompt_tokens": 7,
-            "weight_version": "3",
+            "weight_version": str(version),
             "completion_tokens": at,
             "cached_tokens": 0,
             "output_token_logprobs": [[lp, i, t if texts else None] for lp, i, t in shown],
@@ -70,7 +75,7 @@ def _events(
             ]
         if extra:  # keys SGLang adds after the lists, and the keys' names as values
             meta["e2e_latency"] = 0.25
-            meta["weight_versions"] = [{"start": 0, "end": at, "version": "3"}]
+            meta["weight_versions"] = _spans(token_version)
             meta = {"note": "output_top_logprobs", "names": ["output_token_logprobs"], **meta}
         text, ids = "".join(t for *_, t in shown), [i for _, i, _ in shown]
         if extra:  # meta_info first: the keys in another order than SGLang's
@@ -80,16 +85,37 @@ def _events(
     return events
 
 
-async def _lines(payloads: list[bytes]) -> AsyncIterator[bytes]:
-    for payload in payloads:
-        yield b"data: " + payload
-        yield b""
-    yield b"data: [DONE]"
+def _spans(token_version: list[int]) -> list[dict[str, Any]]:
+    """SGLang's ``weight_versions``: a span per run of tokens of one version."""
+    spans: list[dict[str, Any]] = []
+    for k, version in enumerate(token_version):
+        if spans and spans[-1]["version"] == str(version):
+            spans[-1]["end"] = k + 1
+        else:
+            spans.append({"start": k, "end": k + 1, "version": str(version)})
+    return spans
 
 
-def _read(payloads: list[bytes]) -> list[EngineOutput]:
+async def _batches(
+    payloads: list[bytes], groups: list[int] | None = None
+) -> AsyncIterator[list[bytes]]:
+    """SSE lines as a coalescing reader hands them on: ``groups[k]`` chunks in arrival k (one
+    each where not given), ``[DONE]`` with the last."""
+    at = 0
+    for size in groups or []:
+        lines = []
+        for payload in payloads[at : at + size]:
+            lines += [b"data: " + payload, b""]
+        at += size
+        yield lines
+    for payload in payloads[at:]:
+        yield [b"data: " + payload, b""]
+    yield [b"data: [DONE]"]
+
+
+def _read(payloads: list[bytes], groups: list[int] | None = None) -> list[EngineOutput]:
     async def go() -> list[EngineOutput]:
-        return [out async for out in read_stream(_lines(payloads), "r", URL)]
+        return [out async for out in read_stream(_batches(payloads, groups), "r", URL)]
 
     return asyncio.run(go())
 
@@ -135,6 +161,8 @@ TOKEN = st.tuples(
     spaced=st.booleans(),
     extra=st.booleans(),
     texts=st.booleans(),
+    groups=st.lists(st.integers(1, 5), max_size=20),
+    updates=st.lists(st.integers(0, 40), max_size=3),
 )
 def test_a_stream_reads_as_every_chunk_parsed_whole(
     tokens: list[tuple[float, int, str]],
@@ -144,7 +172,12 @@ def test_a_stream_reads_as_every_chunk_parsed_whole(
     spaced: bool,
     extra: bool,
     texts: bool,
+    groups: list[int],
+    updates: list[int],
 ) -> None:
+    """Also with chunks arriving together (``groups``, as a coalescing reader gathers them) and
+    weight updates mid-stream (``updates``: the chunks from which the version is one more):
+    the same tokens, each with the version of the chunk that first carried it."""
     sizes, left = [], len(tokens)
     for size in cuts:
         if left == 0:
@@ -153,11 +186,46 @@ def test_a_stream_reads_as_every_chunk_parsed_whole(
         left -= sizes[-1]
     if left:
         sizes.append(left)
-    events = _events(tokens, sizes, tops=tops, incremental=incremental, extra=extra, texts=texts)
+    versions = [3 + sum(k >= u for u in updates) for k in range(len(sizes))]
+    events = _events(
+        tokens,
+        sizes,
+        tops=tops,
+        incremental=incremental,
+        extra=extra,
+        texts=texts,
+        versions=versions,
+    )
     payloads = [_dump(e, spaced) for e in events]
-    got = _as_tuples(_read(payloads))
-    assert got == _reference(payloads)
-    assert [i for ids, *_ in got for i in ids] == [i for _, i, _ in tokens]
+    reference = _reference(payloads)
+    got = _read(payloads)
+    assert _as_tuples(got) == reference
+    assert [i for o in got for i in o.output_ids] == [i for _, i, _ in tokens]
+    token_versions = [v for v, size in zip(versions, sizes, strict=True) for _ in range(size)]
+    assert [v for o in got for v in o.versions] == token_versions
+
+    together = _as_tuples(_read(payloads, groups))
+    for k in range(3):  # ids, log-probs, top log-probs: token by token the same
+        assert [x for o in together for x in o[k]] == [x for r in reference for x in r[k]]
+    assert together[-1][3] == reference[-1][3]
+    assert [v for o in _read(payloads, groups) for v in o.versions] == token_versions
+
+
+@pytest.mark.parametrize("extra", [False, True])
+def test_cumulative_chunks_that_arrive_together_are_read_from_the_last(extra: bool) -> None:
+    """Chunks 2-5 arrive at once, then 6-9 with a weight update at 8, then 10: the second
+    arrival is read from its last chunk alone only where the spans give each token's version
+    (``extra``); without them, each chunk is read, so that tokens 6-7 keep version 3."""
+    tokens = [(-0.5, 100 + k, "a") for k in range(10)]
+    versions = [3] * 7 + [4] * 3
+    events = _events(tokens, [1] * 10, tops=True, incremental=False, extra=extra,
+                     versions=versions)  # fmt: skip
+    payloads = [orjson.dumps(e) for e in events]
+    got = _read(payloads, [1, 4, 4, 1])
+    assert [o.output_ids for o in got][:2] == [[100], [101, 102, 103, 104]]
+    assert len(got) == (4 if extra else 7)
+    assert [v for o in got for v in o.versions] == versions
+    assert [i for o in got for i in o.output_ids] == [100 + k for k in range(10)]
 
 
 def test_a_cumulative_stream_is_cut_to_its_new_items_from_the_second_chunk_on() -> None:

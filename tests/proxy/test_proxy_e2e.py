@@ -304,3 +304,47 @@ def test_stream_interval_asks_the_engine_for_fewer_larger_chunks(
     assert counted == [4, 4, 4], "12 tokens came in 3 chunks of 4"
     assert content == (step.messages[-1].get("content") or "")
     assert len(step.output_ids) == 12
+
+
+def test_stream_coalescing_hands_on_fewer_larger_chunks_and_records_the_same(
+    engine_url: str, tmp_path: Path, qwen35_tito: TITOTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--stream-coalesce-ms 500``: the engine streams a chunk a token, the proxy reads what
+    arrived in each window as one (from its last cumulative chunk), and the agent's streamed
+    message and the recorded tokens are what a whole call of the same greedy turn gives."""
+    counted: list[int] = []
+    original = EngineClient._chunks
+
+    async def counting(self: EngineClient, batches: Any, rid: str) -> Any:
+        assert self.stream_coalesce == 0.5
+        async for out in original(self, batches, rid):
+            counted.append(len(out.output_ids))
+            yield out
+
+    async def run(url: str) -> tuple[str, str]:
+        client = AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": "Go."}],
+               "max_tokens": 24, "temperature": 0, "extra_body": NO_THINK}  # fmt: skip
+        events = await client.chat.completions.create(
+            **ask, stream=True, extra_headers={"X-Session-Id": "co-s"}
+        )
+        content = ""
+        async for chunk in events:
+            if chunk.choices:
+                content += chunk.choices[0].delta.content or ""
+        whole = await client.chat.completions.create(**ask, extra_headers={"X-Session-Id": "co-w"})
+        await client.close()
+        return content, whole.choices[0].message.content or ""
+
+    monkeypatch.setattr(EngineClient, "_chunks", counting)
+    with running_proxy(engine_url, tmp_path, qwen35_tito, stream_coalesce_ms=500) as url:
+        content, whole_content = asyncio.run(run(url))
+        (streamed_step,) = SyncProxyClient(url).read_trajectory("co-s").steps
+        (whole_step,) = SyncProxyClient(url).read_trajectory("co-w").steps
+    assert sum(counted) == 24
+    assert counted[0] == 1, "the first chunk is not held back"
+    assert len(counted) < 12, f"24 chunks read as {len(counted)}"
+    assert streamed_step.output_ids == whole_step.output_ids
+    assert streamed_step.output_logprobs == pytest.approx(whole_step.output_logprobs, abs=1e-4)
+    assert streamed_step.output_versions == whole_step.output_versions
+    assert content == whole_content == (streamed_step.messages[-1].get("content") or "")

@@ -110,11 +110,11 @@ def test_weight_versions() -> None:
     assert token_versions({"weight_version": "default"}, 0, 2) == [0, 0]
 
 
-async def _lines(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _lines(chunks: list[dict[str, Any]]) -> AsyncIterator[list[bytes]]:
+    """The SSE lines of ``chunks``, each arriving alone."""
     for chunk in chunks:
-        yield b"data: " + json.dumps(chunk).encode()
-        yield b""
-    yield b"data: [DONE]"
+        yield [b"data: " + json.dumps(chunk).encode(), b""]
+    yield [b"data: [DONE]"]
 
 
 def _chunk(ids: list[int], total: int, finish: Any = None) -> dict[str, Any]:
@@ -197,8 +197,8 @@ def test_a_finished_stream_is_read_to_its_end_and_its_connection_reused() -> Non
 
 
 def test_a_stream_error_event_is_an_error() -> None:
-    async def lines() -> AsyncIterator[bytes]:
-        yield b'data: {"error": {"message": "bad input", "code": 400}}'
+    async def lines() -> AsyncIterator[list[bytes]]:
+        yield [b'data: {"error": {"message": "bad input", "code": 400}}']
 
     async def collect() -> None:
         async for _ in read_stream(lines(), "r", "http://unused:1"):

@@ -181,3 +181,46 @@ def test_a_large_chunk_over_many_reads_is_read_whole() -> None:
                 await pool.aclose()
 
     assert asyncio.run(run()) == data + b"tail"
+
+
+def _coalesced(pieces: Sequence[bytes | float | None], coalesce: float) -> tuple[list, float]:
+    """The batches of a stream read with ``coalesce``, and the seconds it took."""
+
+    async def run() -> tuple[list, float]:
+        async with _server(pieces) as url:
+            pool = HTTP1Pool(url)
+            try:
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                async with pool.stream("POST", "/g", b"{}", timeout=5.0, coalesce=coalesce) as r:
+                    batches = [batch async for batch in r.batches()]
+                return batches, loop.time() - started
+            finally:
+                await pool.aclose()
+
+    return asyncio.run(run())
+
+
+def test_a_coalescing_reader_gathers_what_arrives_in_its_window() -> None:
+    """Eleven events 20 ms apart, read with a 100 ms window: the first comes alone and at once,
+    the rest in a few reads (each within a window of the one before), every line once, and
+    the body's end waits out at most one window."""
+    events = [b'data: {"a": %d}\n\n' % i for i in range(11)]
+    pieces: list[bytes | float | None] = [HEAD, _chunk(events[0])]
+    for event in events[1:]:
+        pieces += [0.02, _chunk(event)]
+    pieces += [_chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+    batches, seconds = _coalesced(pieces, 0.1)
+    want = [line for i in range(11) for line in (b'data: {"a": %d}' % i, b"")]
+    assert [line for batch in batches for line in batch] == want + [b"data: [DONE]", b""]
+    assert batches[0] == want[:2]
+    assert 3 <= len(batches) <= 6, batches  # 200 ms of events after the first: 2-3 windows
+    assert seconds < 0.2 + 0.1 + 0.15
+
+
+def test_a_coalescing_reader_reads_a_closed_connection_to_its_end() -> None:
+    """A body with neither a length nor chunks runs to the close: read whole after the window."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+    pieces: list[bytes | float | None] = [head, b"data: 1\n\n", 0.01, b"data: 2\n\n", None]
+    batches, _ = _coalesced(pieces, 0.05)
+    assert batches == [[b"data: 1", b""], [b"data: 2", b""]]

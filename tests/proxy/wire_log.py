@@ -37,14 +37,15 @@ class WireLog(EngineClient):
         self.answers.append(json.loads(response.body))
         return response
 
-    async def _chunks(self, lines: AsyncIterator[bytes], rid: str) -> AsyncIterator[Any]:
+    async def _chunks(self, batches: AsyncIterator[list[bytes]], rid: str) -> AsyncIterator[Any]:
         last: list[dict[str, Any]] = []
 
-        async def tee() -> AsyncIterator[bytes]:
-            async for line in lines:
-                if line.startswith(b"data: {"):
-                    last[:] = [json.loads(line[6:])]
-                yield line
+        async def tee() -> AsyncIterator[list[bytes]]:
+            async for lines in batches:
+                for line in lines:
+                    if line.startswith(b"data: {"):
+                        last[:] = [json.loads(line[6:])]
+                yield lines
 
         async for out in super()._chunks(tee(), rid):
             yield out
