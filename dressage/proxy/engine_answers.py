@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,15 +162,16 @@ def read_output(data: Any, rid: str, url: str) -> EngineOutput:
 
 
 async def read_stream(
-    batches: AsyncIterator[Sequence[bytes]], rid: str, url: str
+    batches: AsyncIterator[bytes], rid: str, url: str
 ) -> AsyncIterator[EngineOutput]:
-    """A streamed answer's SSE lines, a list per arrival (``StreamedResponse.batches``), as each
-    chunk's new tokens; the last carries ``finish``. Where one arrival holds several cumulative
-    chunks, the last alone is read when it holds every new token of them (:class:`_Chunks`)."""
+    """A streamed answer's SSE lines, in blocks as they arrived (``StreamedResponse.batches``:
+    whole lines, each ending with ``\\n``), as each chunk's new tokens; the last carries
+    ``finish``. Where one block holds several cumulative chunks, the last alone is read when it
+    holds every new token of them (:class:`_Chunks`)."""
     chunks = _Chunks(rid, url)
-    async for lines in batches:
-        payloads, done = _payloads(lines)
-        for out in chunks.read(payloads):
+    async for block in batches:
+        spans, done = _payloads(block)
+        for out in chunks.read(block, spans):
             yield out
             if out.finish is not None:
                 await _drain(batches)
@@ -180,18 +181,34 @@ async def read_stream(
     raise EngineError(url, f"request {rid}: the stream ended without a finish_reason")
 
 
-def _payloads(lines: Sequence[bytes]) -> tuple[list[bytes], bool]:
-    """The ``data:`` payloads of SSE lines up to ``[DONE]``, and whether it came."""
-    payloads: list[bytes] = []
-    for line in lines:
-        if not line.startswith(b"data:"):
-            continue
-        # one copy of a long chunk, not two: orjson reads past the spaces that strip() would cut
-        payload = line[6:] if line.startswith(b"data: ") else line[5:].strip()
-        if len(payload) < 16 and payload.strip() == b"[DONE]":
-            return payloads, True
-        payloads.append(payload)
-    return payloads, False
+_SPACE = b" \t\r\n\x0b\x0c"
+
+
+def _payloads(block: bytes) -> tuple[list[tuple[int, int]], bool]:
+    """Where the ``data:`` payloads of a block's SSE lines are, up to ``[DONE]``, and whether
+    it came. Found in place: a payload is copied only when it is read."""
+    spans: list[tuple[int, int]] = []
+    at = 0
+    while at < len(block):
+        end = block.find(b"\n", at)
+        if end < 0:
+            end = len(block)
+        if block.startswith(b"data:", at):
+            start, stop = at + 5, end
+            while stop > start and block[stop - 1] == 0x0D:  # a "\r\n" line end
+                stop -= 1
+            if block.startswith(b" ", start):  # "data: " (orjson reads past other spaces)
+                start += 1
+            else:
+                while start < stop and block[start] in _SPACE:
+                    start += 1
+                while stop > start and block[stop - 1] in _SPACE:
+                    stop -= 1
+            if stop - start < 16 and block[start:stop].strip() == b"[DONE]":
+                return spans, True
+            spans.append((start, stop))
+        at = end + 1
+    return spans, False
 
 
 class _Chunks:
@@ -219,14 +236,16 @@ class _Chunks:
         """The weight version of the last chunk read (None before the first)."""
         self.incremental = False
 
-    def read(self, payloads: list[bytes]) -> Iterator[EngineOutput]:
-        if len(payloads) > 1 and not self.incremental and self.version is not None:
-            out = self._last_of(payloads[-1])
+    def read(self, block: bytes, spans: list[tuple[int, int]]) -> Iterator[EngineOutput]:
+        """The new tokens of the chunks at ``spans`` of ``block``."""
+        if len(spans) > 1 and not self.incremental and self.version is not None:
+            start, stop = spans[-1]
+            out = self._last_of(block[start:stop])
             if out is not None:
                 yield out
                 return
-        for payload in payloads:
-            out = self._chunk(payload)
+        for start, stop in spans:
+            out = self._chunk(block[start:stop])
             yield out
             if out.finish is not None:
                 return
@@ -313,7 +332,7 @@ DRAIN_S = 1.0
 """How long a stream's rest (``[DONE]``, the end of the body) is waited for after its finish."""
 
 
-async def _drain(batches: AsyncIterator[Sequence[bytes]]) -> None:
+async def _drain(batches: AsyncIterator[bytes]) -> None:
     """Read the stream past its finish: SGLang sends ``data: [DONE]`` and ends the body at once,
     and a body read to its end lets the connection serve the next request (left unread, it is
     closed, and the next streamed call opens another). The answer is whole already, so what

@@ -218,9 +218,7 @@ class EngineClient:
         """A whole answer read (a method, so that a test's client can keep what it read)."""
         return read_output(data, rid, self.url)
 
-    def _chunks(
-        self, batches: AsyncIterator[Sequence[bytes]], rid: str
-    ) -> AsyncIterator[EngineOutput]:
+    def _chunks(self, batches: AsyncIterator[bytes], rid: str) -> AsyncIterator[EngineOutput]:
         """A streamed answer read (a method, so that a test's client can keep what it read)."""
         return read_stream(batches, rid, self.url)
 

@@ -176,38 +176,30 @@ class StreamedResponse:
                 self._watchdog.cancel()
 
     async def _dechunked(self) -> AsyncIterator[bytes]:
-        """The data of a ``chunked`` body, every complete chunk of each arrival joined. A chunk
-        that takes many reads is gathered in place (a ``bytearray``), not copied at each."""
-        buffer = bytearray()
+        """The data of a ``chunked`` body, every complete chunk of each arrival joined (one
+        copy of the data). A chunk that takes many reads is gathered in place (a
+        ``bytearray``), not copied at each."""
+        buffer = bytearray()  # what is left of earlier reads: a chunk not all here yet
         while True:
             data = await self._read()
             if not data:
                 raise ProtocolFailure("the engine closed a chunked body mid-stream")
-            buffer += data
-            at = 0  # where the next size line starts
-            pieces: list[bytes] = []
-            while True:
-                end = buffer.find(b"\n", at)
-                if end < 0:
-                    break
-                try:
-                    size = int(bytes(buffer[at:end]).split(b";", 1)[0].strip() or b"0", 16)
-                except ValueError:
-                    line = bytes(buffer[at:end][:40])
-                    raise ProtocolFailure(f"bad chunk size line {line!r}") from None
-                if size == 0:  # the last chunk: then trailers, up to an empty line
-                    if pieces:
-                        yield b"".join(pieces)
-                    await self._trailers(bytes(buffer[end + 1 :]))
-                    return
-                if len(buffer) < end + 1 + size + 2:
-                    break  # the chunk is not all here yet
-                pieces.append(bytes(buffer[end + 1 : end + 1 + size]))
-                at = end + 1 + size + 2
-            if at:
+            source: bytes | bytearray = data
+            if buffer:
+                buffer += data
+                source = buffer
+            joined, at, last = _chunks_of(source)
+            if last >= 0:  # the last chunk: then trailers, up to an empty line
+                if joined:
+                    yield joined
+                await self._trailers(bytes(source[last:]))
+                return
+            if source is buffer:
                 del buffer[:at]
-            if pieces:
-                yield b"".join(pieces)
+            elif at < len(data):
+                buffer += memoryview(data)[at:]
+            if joined:
+                yield joined
 
     async def _trailers(self, rest: bytes) -> None:
         """Read past the trailers (``rest`` is what came after the last chunk's size line)."""
@@ -226,26 +218,74 @@ class StreamedResponse:
                 return
             rest += data
 
-    async def batches(self) -> AsyncIterator[list[bytes]]:
-        """Body lines without their ``\\n`` (and ``\\r``), as many at a time as each read
-        completed; a last unterminated line comes alone at the end."""
+    async def batches(self) -> AsyncIterator[bytes]:
+        """The body's lines as they arrive: every line that a read completed, in one block of
+        bytes that ends with a ``\\n`` (a last unterminated line comes at the end, ``\\n``
+        added). A block is not split into lines here: a reader that needs only some of them
+        (the last of several cumulative stream chunks) copies only those."""
         pending = b""
         async for piece in self._pieces():
-            pending += piece
-            *whole, pending = pending.split(b"\n")
-            if whole:
-                yield [line.rstrip(b"\r") for line in whole]
+            if pending:
+                piece = pending + piece
+            cut = piece.rfind(b"\n") + 1
+            if cut == len(piece):
+                pending = b""
+                yield piece
+            elif cut:
+                pending = piece[cut:]
+                yield piece[:cut]
+            else:
+                pending = piece
         if pending:
-            yield [pending.rstrip(b"\r")]
+            yield pending + b"\n"
 
     async def lines(self) -> AsyncIterator[bytes]:
         """Body lines without their ``\\n`` (and ``\\r``); a last unterminated line is yielded."""
-        async for batch in self.batches():
-            for line in batch:
-                yield line
+        async for block in self.batches():
+            for line in block.split(b"\n")[:-1]:
+                yield line.rstrip(b"\r")
 
     async def read(self) -> bytes:
         return b"".join([piece async for piece in self._pieces()])
+
+
+def _chunks_of(source: bytes | bytearray) -> tuple[bytes, int, int]:
+    """The data of the complete chunks at the start of ``source`` joined, where the rest
+    starts, and where the bytes after the last chunk's size line start (-1: not come yet).
+    Each chunk's data is a view until the join: its bytes are copied once."""
+    pieces: list[memoryview] = []
+    at = 0  # where the next size line starts
+    with memoryview(source) as view:
+        try:
+            while True:
+                end = source.find(b"\n", at)
+                if end < 0:
+                    break
+                size = _chunk_size(source[at:end])
+                if size == 0:
+                    return b"".join(pieces), at, end + 1
+                stop = end + 1 + size
+                if len(source) < stop + 2:
+                    break  # the chunk is not all here yet
+                pieces.append(view[end + 1 : stop])
+                at = stop + 2
+            return b"".join(pieces), at, -1
+        finally:
+            pieces.clear()  # the views go before ``view`` is released
+
+
+def _chunk_size(line: bytes | bytearray) -> int:
+    """A chunk's size from its size line (``\\r`` and extensions allowed; empty is 0)."""
+    try:
+        size = int(line, 16)
+    except ValueError:
+        try:
+            size = int(bytes(line).split(b";", 1)[0].strip() or b"0", 16)
+        except ValueError:
+            raise ProtocolFailure(f"bad chunk size line {bytes(line[:40])!r}") from None
+    if size < 0:
+        raise ProtocolFailure(f"bad chunk size line {bytes(line[:40])!r}")
+    return size
 
 
 class HTTP1Pool:

@@ -79,18 +79,16 @@ class WireLog(EngineClient):
         self.answers[rid] = data
         return super()._output(data, rid)
 
-    async def _chunks(
-        self, batches: AsyncIterator[list[bytes]], rid: str
-    ) -> AsyncIterator[EngineOutput]:
-        async def tap() -> AsyncIterator[list[bytes]]:
-            async for lines in batches:
-                for line in lines:
+    async def _chunks(self, batches: AsyncIterator[bytes], rid: str) -> AsyncIterator[EngineOutput]:
+        async def tap() -> AsyncIterator[bytes]:
+            async for block in batches:
+                for line in block.split(b"\n"):
                     payload = line[5:].strip() if line.startswith(b"data:") else b""
                     if payload and payload != b"[DONE]":
                         data = json.loads(payload)
                         if (data.get("meta_info") or {}).get("finish_reason") is not None:
                             self.answers[rid] = data  # cumulative: the last chunk holds it all
-                yield lines
+                yield block
 
         async for out in super()._chunks(tap(), rid):
             yield out

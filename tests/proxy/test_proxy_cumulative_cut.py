@@ -96,21 +96,16 @@ def _spans(token_version: list[int]) -> list[dict[str, Any]]:
     return spans
 
 
-async def _batches(
-    payloads: list[bytes], groups: list[int] | None = None
-) -> AsyncIterator[list[bytes]]:
+async def _batches(payloads: list[bytes], groups: list[int] | None = None) -> AsyncIterator[bytes]:
     """SSE lines as a coalescing reader hands them on: ``groups[k]`` chunks in arrival k (one
-    each where not given), ``[DONE]`` with the last."""
+    each where not given), ``[DONE]`` after the last."""
     at = 0
     for size in groups or []:
-        lines = []
-        for payload in payloads[at : at + size]:
-            lines += [b"data: " + payload, b""]
+        yield b"".join(b"data: " + payload + b"\n\n" for payload in payloads[at : at + size])
         at += size
-        yield lines
     for payload in payloads[at:]:
-        yield [b"data: " + payload, b""]
-    yield [b"data: [DONE]"]
+        yield b"data: " + payload + b"\n\n"
+    yield b"data: [DONE]\n"
 
 
 def _read(payloads: list[bytes], groups: list[int] | None = None) -> list[EngineOutput]:

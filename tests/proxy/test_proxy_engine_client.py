@@ -110,11 +110,11 @@ def test_weight_versions() -> None:
     assert token_versions({"weight_version": "default"}, 0, 2) == [0, 0]
 
 
-async def _lines(chunks: list[dict[str, Any]]) -> AsyncIterator[list[bytes]]:
+async def _lines(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
     """The SSE lines of ``chunks``, each arriving alone."""
     for chunk in chunks:
-        yield [b"data: " + json.dumps(chunk).encode(), b""]
-    yield [b"data: [DONE]"]
+        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    yield b"data: [DONE]\n"
 
 
 def _chunk(ids: list[int], total: int, finish: Any = None) -> dict[str, Any]:
@@ -197,8 +197,8 @@ def test_a_finished_stream_is_read_to_its_end_and_its_connection_reused() -> Non
 
 
 def test_a_stream_error_event_is_an_error() -> None:
-    async def lines() -> AsyncIterator[list[bytes]]:
-        yield [b'data: {"error": {"message": "bad input", "code": 400}}']
+    async def lines() -> AsyncIterator[bytes]:
+        yield b'data: {"error": {"message": "bad input", "code": 400}}\n'
 
     async def collect() -> None:
         async for _ in read_stream(lines(), "r", "http://unused:1"):
@@ -373,3 +373,35 @@ def test_the_controller_resumes_an_abort_when_its_policy_says_so() -> None:
     assert generation.output_ids == [10, 11, 12, 13, 14]
     assert generation.versions == [0, 0, 8, 8, 8]
     assert generation.finish_type == "stop" and generation.engine_requests == 2
+
+
+def test_sse_lines_are_read_in_every_spelling_sglang_or_a_router_may_send() -> None:
+    """``data:`` with or without its space, spaces around the payload, ``\\r\\n`` line ends,
+    comments and other fields between events, ``[DONE]`` spelled either way: the same tokens,
+    whether the lines come one block each or all in one."""
+    done = {"type": "length", "length": 3}
+    one, two, three = (
+        json.dumps(c).encode()
+        for c in (_chunk([1], 1), _chunk([1, 2], 2), _chunk([1, 2, 3], 3, done))
+    )
+    lines = [
+        b": keep-alive\r\n",
+        b"data:" + one + b"\r\n",
+        b"\r\n",
+        b"event: message\n",
+        b"data:   " + two + b"  \n\n",
+        b"data: " + three + b"\r\n\r\n",
+        b"data:[DONE]\r\n",
+    ]
+
+    async def collect(blocks: list[bytes]) -> list[Any]:
+        async def source() -> AsyncIterator[bytes]:
+            for block in blocks:
+                yield block
+
+        return [out async for out in read_stream(source(), "r", "http://unused:1")]
+
+    for blocks in (lines, [b"".join(lines)]):
+        outs = _run(collect(blocks))
+        assert [i for o in outs for i in o.output_ids] == [1, 2, 3]
+        assert outs[-1].finish == done

@@ -37,15 +37,15 @@ class WireLog(EngineClient):
         self.answers.append(json.loads(response.body))
         return response
 
-    async def _chunks(self, batches: AsyncIterator[list[bytes]], rid: str) -> AsyncIterator[Any]:
+    async def _chunks(self, batches: AsyncIterator[bytes], rid: str) -> AsyncIterator[Any]:
         last: list[dict[str, Any]] = []
 
-        async def tee() -> AsyncIterator[list[bytes]]:
-            async for lines in batches:
-                for line in lines:
+        async def tee() -> AsyncIterator[bytes]:
+            async for block in batches:
+                for line in block.split(b"\n"):
                     if line.startswith(b"data: {"):
                         last[:] = [json.loads(line[6:])]
-                yield lines
+                yield block
 
         async for out in super()._chunks(tee(), rid):
             yield out
