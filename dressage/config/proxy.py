@@ -201,11 +201,11 @@ class ProxyConfig(BaseModel):
         0.0,
         ge=0,
         le=1000,
-        description="On a streamed call, gather the engine's chunks for up to this many "
-        "milliseconds after each one the proxy handles, and handle what arrived together as one "
-        "(0: every chunk as it comes). The agent gets fewer, larger deltas, the first one and "
-        "the answer's end without delay, and the recorded tokens are the same; the proxy's CPU "
-        "per chunk falls to about that of its arrival (docs/proxy-performance.md).",
+        description="On a streamed call, let the engine's chunks gather in the socket for this "
+        "many milliseconds after each read, and handle what came as one (0: every chunk as it "
+        "comes). The agent gets fewer, larger deltas: the first at once, the last up to this "
+        "late; the recorded tokens are the same. About halves the proxy's CPU per chunk "
+        "(docs/proxy-performance.md).",
     )
 
     client_refusal_rate: float = Field(
