@@ -277,31 +277,32 @@ class _Chunks:
             short, was_cut = self.cut(payload)
             meta = _chunk_meta(short, payload, self.rid, self.url)
             triples = meta.get("output_token_logprobs")
-            count = meta.get("completion_tokens")
-            finish = meta.get("finish_reason")
-            spans = meta.get("weight_versions")
-            ok = (
-                isinstance(triples, list)
-                and isinstance(count, int)
-                and not (isinstance(finish, dict) and finish.get("type") == "abort")
-                and (
-                    (isinstance(spans, list) and bool(spans))
-                    or parse_version(meta.get("weight_version")) == self.version
-                )
-            )
-            start = 0 if was_cut else self.received
-            if ok and triples is not None:
-                if was_cut:
-                    ok = count == self.received + len(triples)
-                else:
-                    ok = count == len(triples) >= self.received
-            if ok and triples is not None:
+            if isinstance(triples, list) and self._holds_all(meta, len(triples), was_cut):
+                start = 0 if was_cut else self.received
                 ids, logprobs = _triples(triples[start:], self.rid, self.url)
                 return self._emit(meta, ids, logprobs, start)
         except EngineError:
             pass
         self.cut.restore(state)
         return None
+
+    def _holds_all(self, meta: dict[str, Any], listed: int, was_cut: bool) -> bool:
+        """Whether a chunk with ``listed`` per-token entries (only the new ones if ``was_cut``)
+        holds every token since the last one read, each with its weight version, and no
+        abort (see the class docstring)."""
+        count = meta.get("completion_tokens")
+        finish = meta.get("finish_reason")
+        spans = meta.get("weight_versions")
+        if not isinstance(count, int) or (
+            isinstance(finish, dict) and finish.get("type") == "abort"
+        ):
+            return False
+        if not (isinstance(spans, list) and spans):
+            if parse_version(meta.get("weight_version")) != self.version:
+                return False
+        if was_cut:
+            return count == self.received + listed
+        return count == listed >= self.received
 
     def _emit(
         self, meta: dict[str, Any], ids: list[int], logprobs: list[float], start: int

@@ -13,7 +13,7 @@ asked (``coalesce``). Control-plane calls (``/workers``,
     async with pool.stream("POST", "/generate", body) as streamed:
         async for line in streamed.lines(): ...
     async with pool.stream("POST", "/generate", body, coalesce=0.02) as streamed:
-        async for lines in streamed.batches(): ...       # what arrived in 20 ms
+        async for block in streamed.batches(): ...       # the lines that came in 20 ms
 """
 
 from __future__ import annotations
