@@ -11,12 +11,14 @@ harness's own ceiling. Then idle memory: a fresh proxy holds 1000 idle 3-turn se
 
 Streaming: the same sessions with ``stream: true`` against ``stream: false`` on one proxy (whole,
 streamed, whole, streamed), at 16 sessions; the scripted engine streams one cumulative chunk per
-output token (SGLang's default), so the proxy's added CPU per chunk is (CPU per streamed call -
-CPU per whole call) / chunks per call. RSS over a long run: a fresh proxy under 256 sessions
-(finalized after 8 turns, new ones starting) for ``--rss-seconds``, its RSS sampled every
-``--rss-interval`` s; it levels off when the last half grew at most a quarter of what the first
-half grew, or at most 2% of the RSS (judged from 120 s on: the default 20 s run only shows the
-curve, the heap still filling).
+output token (SGLang's default), so the proxy's added CPU per chunk is (CPU per streamed call - CPU
+per whole call) / chunks per call. ``--stream-coalesce-ms MS`` and ``--stream-incremental`` measure,
+in the same run, the proxy with its chunks gathered for MS, and an engine that sends each chunk's
+new tokens only (SGLang's ``--incremental-streaming-output``). RSS over a long run: a fresh proxy
+under 256 sessions (finalized after 8 turns, new ones starting) for ``--rss-seconds``, its RSS
+sampled every ``--rss-interval`` s; it levels off when the last half grew at most a quarter of what
+the first half grew, or at most 2% of the RSS (judged from 120 s on: the default 20 s run only shows
+the curve, the heap still filling).
 
     python bench/proxy.py          # about 4 minutes on 2 cores; the last line is the JSON summary
     python bench/proxy.py --parts rss --rss-seconds 600 --rss-interval 5   # the 10-minute run
@@ -25,6 +27,7 @@ curve, the heap still filling).
     python bench/proxy.py --parts stream --before e5805dd   # streaming, and that commit's
     python bench/proxy.py --parts stream --stream-answer-tokens 1000 --stream-seconds 6 \
         --before c006d20    # streaming 1,000-token answers (their reasoning lengthened)
+    python bench/proxy.py --parts stream --stream-coalesce-ms 20 --stream-incremental
 
 CPU per call against another commit (``--parts cpu_ab --before REF``, about 4 minutes): that
 commit's proxy (``git archive`` into a temporary folder, run with this interpreter) and this one,
@@ -600,23 +603,28 @@ def _streaming(
     tree: Path = REPO,
     interval: int = 1,
     coalesce_ms: float = 0.0,
+    incremental: bool = False,
 ) -> dict[str, Any]:
     """CPU per call of one proxy, whole and streamed, alternating (whole, streamed, whole,
     streamed) so that a drift of the machine falls on both; ``chunks``: the answer's tokens, a
     chunk each, or one chunk every ``interval`` tokens (the proxy's ``--stream-interval``);
-    ``coalesce_ms``: the proxy's ``--stream-coalesce-ms`` (the engine's chunks stay as many). The
-    engine here streams as SGLang does: chunked, one event an HTTP chunk,
+    ``coalesce_ms``: the proxy's ``--stream-coalesce-ms`` (the engine's chunks stay as many);
+    ``incremental``: the engine streams as SGLang's ``--incremental-streaming-output`` does
+    (each chunk with its new tokens only; cumulative chunks if not). The engine here streams
+    as SGLang does: chunked, one event an HTTP chunk,
     :data:`STREAM_INTERVAL_MS` apart, so that each chunk reaches the proxy on its own (sent all
     at once, a whole answer's events would arrive in one read)."""
     engine, engine_url = spawn(
         1, ["-m", "dressage.proxy.testing", "--output-file", output_file,
-            "--stream-interval-ms", str(STREAM_INTERVAL_MS)], "SCRIPTED_ENGINE_URL=",
+            "--stream-interval-ms", str(STREAM_INTERVAL_MS),
+            *(["--incremental-streaming-output"] if incremental else [])],
+        "SCRIPTED_ENGINE_URL=",
     )  # fmt: skip
     common = [*common, "--engine", engine_url]
     extra = ("--stream-interval", str(interval)) if interval > 1 else ()
     if coalesce_ms:
         extra = (*extra, "--stream-coalesce-ms", str(coalesce_ms))
-    store = str(tmp / f"store-stream-{tree.name}-{interval}-{coalesce_ms}")
+    store = str(tmp / f"store-stream-{tree.name}-{interval}-{coalesce_ms}-{incremental}")
     proxy, url = proxy_process(engine_url, store, tree=tree, extra=extra)
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     try:
@@ -965,6 +973,15 @@ def main(args: argparse.Namespace) -> int:
                             "stream_cpu_us_per_call", "stream_cpu_us_per_call_runs",
                             "stream_added_cpu_us_per_chunk", "stream_met"):  # fmt: skip
                     stream[f"coalesce_{key}"] = gathered[key]
+            if args.stream_incremental:  # an incremental engine, the same proxy, same run
+                deltas = _streaming(stream_file, tmp, stream_common, len(stream_ids),
+                                    args.stream_seconds, coalesce_ms=args.stream_coalesce_ms,
+                                    incremental=True)  # fmt: skip
+                stream["stream_incremental"] = True
+                for key in ("stream_sse_chunks_per_call", "whole_cpu_us_per_call",
+                            "stream_cpu_us_per_call", "stream_cpu_us_per_call_runs",
+                            "stream_added_cpu_us_per_chunk", "stream_met"):  # fmt: skip
+                    stream[f"incremental_{key}"] = deltas[key]
             if args.before:  # the same measure of --before's proxy, in the same run
                 tree = checkout(args.before, tmp)
                 before = _streaming(stream_file, tmp, stream_common, len(stream_ids),
@@ -1019,6 +1036,18 @@ def main(args: argparse.Namespace) -> int:
                 f"{stream['stream_engine_chunks_per_call']} engine chunks and "
                 f"{stream['coalesce_stream_sse_chunks_per_call']} SSE chunks a call: "
                 f"{stream['coalesce_stream_added_cpu_us_per_chunk']:.1f} us added per engine "
+                f"chunk (target <= {STREAM_CHUNK_TARGET_US:.0f})"
+            )
+        if "stream_incremental" in stream:
+            print(
+                f"  an incremental engine (--incremental-streaming-output), "
+                f"--stream-coalesce-ms {args.stream_coalesce_ms:g}: "
+                f"{stream['incremental_stream_cpu_us_per_call']:.0f} us per streamed call vs "
+                f"{stream['incremental_whole_cpu_us_per_call']:.0f} whole (runs "
+                f"{stream['incremental_stream_cpu_us_per_call_runs']}), "
+                f"{stream['stream_engine_chunks_per_call']} engine chunks and "
+                f"{stream['incremental_stream_sse_chunks_per_call']} SSE chunks a call: "
+                f"{stream['incremental_stream_added_cpu_us_per_chunk']:.1f} us added per engine "
                 f"chunk (target <= {STREAM_CHUNK_TARGET_US:.0f})"
             )
         if "stream_before" in stream:
@@ -1137,6 +1166,10 @@ def _args() -> argparse.Namespace:
                    help="main: also measure streaming through --stream-interval N")  # fmt: skip
     p.add_argument("--stream-coalesce-ms", type=float, default=0.0,
                    help="main: also measure streaming through --stream-coalesce-ms MS")  # fmt: skip
+    p.add_argument("--stream-incremental", action="store_true",
+                   help="main: also measure streaming from an engine that sends only each "
+                        "chunk's new tokens (SGLang's --incremental-streaming-output), through "
+                        "--stream-coalesce-ms if given")  # fmt: skip
     p.add_argument("--rss-seconds", type=float, default=RSS_SECONDS,
                    help="main: the long run's length (the issue's run: 600)")  # fmt: skip
     p.add_argument("--rss-interval", type=float, default=2.0,

@@ -224,7 +224,10 @@ class _Chunks:
     tokens read so far plus its new ones, no abort (an error abort fails the call after the
     tokens before it), and each token's weight version known: from the chunk's per-token spans,
     or else the chunk's version equals the one read before it (versions only grow, so every
-    chunk between had it too). Otherwise each chunk is read in turn.
+    chunk between had it too). Otherwise each chunk is read in turn, and their tokens go on as
+    one output (an incremental stream's chunks always are): the tokens of a block reach the
+    agent in one delta however the engine sent them. A chunk that fails the call (a bad
+    chunk, an error abort) does so after the tokens before it.
     """
 
     def __init__(self, rid: str, url: str) -> None:
@@ -244,11 +247,22 @@ class _Chunks:
             if out is not None:
                 yield out
                 return
-        for start, stop in spans:
-            out = self._chunk(block[start:stop])
-            yield out
-            if out.finish is not None:
-                return
+        joined: EngineOutput | None = None
+        try:
+            for start, stop in spans:
+                out = self._chunk(block[start:stop])
+                joined = out if joined is None else _join(joined, out)
+                if out.finish is not None:
+                    break
+        except EngineError as exc:
+            failure = exc
+        else:
+            if joined is not None:
+                yield joined
+            return
+        if joined is not None:  # the tokens before the chunk that failed, then the failure
+            yield joined
+        raise failure
 
     def _chunk(self, payload: bytes) -> EngineOutput:
         short, was_cut = self.cut(payload)
@@ -313,6 +327,21 @@ class _Chunks:
         self.received += len(ids)
         self.version = parse_version(meta.get("weight_version"))
         return out
+
+
+def _join(first: EngineOutput, then: EngineOutput) -> EngineOutput:
+    """``first`` extended by the stream's next output ``then``, as the controller's
+    ``Generation`` adds them: the tokens in order, the last finish and weight version, the
+    first prompt counts."""
+    first.output_ids += then.output_ids
+    first.logprobs += then.logprobs
+    first.versions += then.versions
+    first.top_logprobs += then.top_logprobs
+    first.finish = then.finish
+    first.weight_version = then.weight_version or first.weight_version
+    if first.prompt_tokens is None:
+        first.prompt_tokens, first.cached_tokens = then.prompt_tokens, then.cached_tokens
+    return first
 
 
 def _chunk_meta(text: bytes, payload: bytes, rid: str, url: str) -> dict[str, Any]:

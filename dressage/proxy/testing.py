@@ -4,15 +4,16 @@
     with serve_proxy(config, tito=tito) as url:               # uvicorn on a thread, free port
         OpenAI(base_url=f"{url}/sessions/s1/v1", api_key="x")
 
-:class:`ScriptedEngine` answers SGLang's ``/generate`` (plain and streamed, cumulative chunks)
-with output ids a script chooses, at once. It exists for three things the real engine cannot
-give: outputs a random tiny model never writes (tool calls, malformed tool calls, aborts at a
-chosen token), a router's behaviour (``GET /workers``, the 404 on ``/abort_request``, its 503
-error body), and an engine that costs nothing, so that the proxy benchmark measures only the
-proxy. A reply with ``hold=True`` is a generation that runs until it is aborted: the engine
-sends its first token (streamed), then waits for ``/abort_request`` naming its rid and answers
-with all its ids and finish ``abort``, as SGLang does. ``context_length`` makes it answer
-``/server_info`` with that context. It is a raw asyncio server (no framework) for the cost::
+:class:`ScriptedEngine` answers SGLang's ``/generate`` (plain and streamed: cumulative chunks, or
+incremental ones as SGLang's ``--incremental-streaming-output`` sends them) with output ids a script
+chooses, at once. It exists for three things the real engine cannot give: outputs a random tiny
+model never writes (tool calls, malformed tool calls, aborts at a chosen token), a router's
+behaviour (``GET /workers``, the 404 on ``/abort_request``, its 503 error body), and an engine that
+costs nothing, so that the proxy benchmark measures only the proxy. A reply with ``hold=True`` is a
+generation that runs until it is aborted: the engine sends its first token (streamed), then waits
+for ``/abort_request`` naming its rid and answers with all its ids and finish ``abort``, as SGLang
+does. ``context_length`` makes it answer ``/server_info`` with that context. It is a raw asyncio
+server (no framework) for the cost::
 
     python -m dressage.proxy.testing --port 0 --output-file ids.json   # prints its URL
 """
@@ -97,6 +98,10 @@ class ScriptedEngine:
     event when its tokens are decoded (the first at once), as SGLang sends a token at each
     decode step, and a whole answer when its last token is, so that a call takes as long
     streamed or not."""
+    incremental: bool = False
+    """Stream as an engine run with ``--incremental-streaming-output``: each chunk's ids and
+    per-token log-probs are only its new ones (its ``completion_tokens`` stays cumulative), and
+    ``/server_info`` says so."""
     seen: list[_Seen] = field(default_factory=list)
     url: str = ""
     held: threading.Event = field(default_factory=threading.Event)
@@ -140,17 +145,21 @@ class ScriptedEngine:
         return json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode()
 
     def _stream_body(self, body: dict[str, Any], final: bytes) -> bytes:
-        """Cumulative SSE chunks, one per ``sampling_params.stream_interval`` tokens (1 if not
-        given), the last one carrying the finish reason."""
+        """SSE chunks, one per ``sampling_params.stream_interval`` tokens (1 if not given), the
+        last one carrying the finish reason: cumulative, or each with only its new tokens
+        (:attr:`incremental`)."""
         data = json.loads(final)
         ids, meta = data["output_ids"], data["meta_info"]
         interval = (body.get("sampling_params") or {}).get("stream_interval") or 1
         events = []
-        for k in range(interval, len(ids), interval):
-            partial = dict(meta, finish_reason=None, completion_tokens=k)
-            partial["output_token_logprobs"] = meta["output_token_logprobs"][:k]
-            events.append({"text": "", "output_ids": ids[:k], "meta_info": partial})
-        events.append(data)
+        cuts = [*range(interval, len(ids), interval), len(ids)]
+        for start, k in zip([0, *cuts], cuts, strict=False):
+            first = start if self.incremental else 0
+            partial = dict(meta, completion_tokens=k)
+            if k < len(ids):
+                partial["finish_reason"] = None
+            partial["output_token_logprobs"] = meta["output_token_logprobs"][first:k]
+            events.append({"text": "", "output_ids": ids[first:k], "meta_info": partial})
         out = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
         return out + b"data: [DONE]\n\n"
 
@@ -194,8 +203,9 @@ class ScriptedEngine:
                         event.set()
             return 200, b"", "application/json"
         if path in ("/server_info", "/get_server_info") and self.context_length is not None:
-            limits = {"context_length": self.context_length}
+            limits: dict[str, Any] = {"context_length": self.context_length}
             limits["max_req_input_len"] = self.context_length - 1
+            limits["incremental_streaming_output"] = self.incremental
             return 200, json.dumps(limits).encode(), "application/json"
         if path in ("/model_info", "/get_model_info"):
             info = {"model_path": "scripted", "weight_version": self.weight_version}
@@ -380,12 +390,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="decode a token every this many ms: streamed answers go chunked, "
                         "an event as its tokens are decoded, whole ones when the last is "
                         "(default: every answer at once)")  # fmt: skip
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="stream each chunk's new tokens only, as SGLang does with this flag "
+                        "(default: cumulative chunks)")  # fmt: skip
     args = p.parse_args(argv)
     with open(args.output_file) as f:
         ids = [int(i) for i in json.load(f)]
     interval = None if args.stream_interval_ms is None else args.stream_interval_ms / 1000
     engine = ScriptedEngine(lambda body: EngineReply(ids), record=False,
-                            stream_interval_s=interval)  # fmt: skip
+                            stream_interval_s=interval,
+                            incremental=args.incremental_streaming_output)  # fmt: skip
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))

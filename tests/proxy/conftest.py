@@ -95,8 +95,13 @@ def running_proxy(
 def scripted_proxy(
     script: Script, store_dir: Path, tito: TITOTokenizer, **config: Any
 ) -> Iterator[tuple[str, ScriptedEngine]]:
-    """A scripted engine and a proxy in front of it."""
-    engine = ScriptedEngine(script)
+    """A scripted engine and a proxy in front of it (``stream_interval_s``, ``incremental``:
+    the engine's pace and chunks, see :class:`ScriptedEngine`)."""
+    engine = ScriptedEngine(
+        script,
+        stream_interval_s=config.pop("stream_interval_s", None),
+        incremental=config.pop("incremental", False),
+    )
     with (
         engine.running() as engine_url,
         running_proxy(

@@ -210,7 +210,8 @@ def test_a_stream_reads_as_every_chunk_parsed_whole(
 def test_cumulative_chunks_that_arrive_together_are_read_from_the_last(extra: bool) -> None:
     """Chunks 2-5 arrive at once, then 6-9 with a weight update at 8, then 10: the second
     arrival is read from its last chunk alone only where the spans give each token's version
-    (``extra``); without them, each chunk is read, so that tokens 6-7 keep version 3."""
+    (``extra``); without them, each chunk is read, so that tokens 6-7 keep version 3. Either
+    way an arrival's tokens go on as one output."""
     tokens = [(-0.5, 100 + k, "a") for k in range(10)]
     versions = [3] * 7 + [4] * 3
     events = _events(tokens, [1] * 10, tops=True, incremental=False, extra=extra,
@@ -218,7 +219,7 @@ def test_cumulative_chunks_that_arrive_together_are_read_from_the_last(extra: bo
     payloads = [orjson.dumps(e) for e in events]
     got = _read(payloads, [1, 4, 4, 1])
     assert [o.output_ids for o in got][:2] == [[100], [101, 102, 103, 104]]
-    assert len(got) == (4 if extra else 7)
+    assert len(got) == 4
     assert [v for o in got for v in o.versions] == versions
     assert [i for o in got for i in o.output_ids] == [100 + k for k in range(10)]
 
@@ -363,3 +364,28 @@ def test_a_broken_large_chunk_after_a_good_one_is_an_engine_error(bad: bytes) ->
     )
     with pytest.raises(EngineError, match="bad stream chunk"):
         _read([good, bad])
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_failing_chunk_in_an_arrival_fails_the_call_after_the_tokens_before_it(
+    incremental: bool,
+) -> None:
+    """Chunks 2-4 arrive together and chunk 4 is an abort with an error status: tokens 1-3
+    reach the reader (as one output for the arrival's good chunks), then the call fails."""
+    from dressage.proxy.engine_answers import EngineRejectedError
+
+    tokens = [(-0.5, 100 + k, "a") for k in range(4)]
+    events = _events(tokens, [1] * 4, tops=False, incremental=incremental)
+    events[-1]["meta_info"]["finish_reason"] = {
+        "type": "abort", "message": "bad request", "status_code": 400,
+    }  # fmt: skip
+    payloads = [orjson.dumps(e) for e in events]
+    got: list[EngineOutput] = []
+
+    async def go() -> None:
+        async for out in read_stream(_batches(payloads, [1, 3]), "r", URL):
+            got.append(out)
+
+    with pytest.raises(EngineRejectedError, match="bad request"):
+        asyncio.run(go())
+    assert [o.output_ids for o in got] == [[100], [101, 102]]

@@ -97,9 +97,12 @@ def test_sync_tool_loop_is_one_segment(
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 def test_async_streaming_tool_loop(
-    tmp_path: Path, qwen35_tito: TITOTokenizer, script: Callable[..., Script]
+    tmp_path: Path, qwen35_tito: TITOTokenizer, script: Callable[..., Script], incremental: bool
 ) -> None:
+    """Through an engine that streams cumulative chunks (SGLang's default) or deltas
+    (``--incremental-streaming-output``)."""
     plan = script(CALLING, ANSWER)
 
     async def agent(url: str) -> list[dict[str, Any]]:
@@ -138,13 +141,17 @@ def test_async_streaming_tool_loop(
         await client.close()
         return results
 
-    with scripted_proxy(plan, tmp_path, qwen35_tito) as (url, _):
+    # an engine that decodes a token every 10 ms: its chunks reach the proxy one by one (the
+    # tokens that arrive together go on in one delta)
+    with scripted_proxy(
+        plan, tmp_path, qwen35_tito, stream_interval_s=0.01, incremental=incremental
+    ) as (url, _):
         first, second = asyncio.run(agent(url))
         trajectory = httpx.get(f"{url}/v1/sessions/stream/trajectory").json()
     assert first["finish"] == "tool_calls" and second["finish"] == "stop"
     assert first["content"] == "Let me check."
     assert first["reasoning"] == "The user wants the weather."
-    assert first["chunks"] > 5  # streamed token by token, not in one piece
+    assert first["chunks"] > 5  # streamed as the tokens come, not in one piece
     (call,) = first["calls"]
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}
@@ -153,6 +160,9 @@ def test_async_streaming_tool_loop(
     # what the agent accumulated from deltas is what was recorded: the history extends
     steps = trajectory["steps"]
     assert [s["segment_index"] for s in steps] == [0, 0]
+    for step, reply in zip(steps, plan.replies, strict=True):
+        assert step["output_ids"] == reply.output_ids
+        assert step["output_logprobs"] == [-0.25] * len(reply.output_ids)
     assert steps[1]["boundary_reason"] is None
     for body in plan.bodies:
         assert body["stream"] is True
