@@ -201,10 +201,11 @@ class ProxyConfig(BaseModel):
         0.0,
         ge=0,
         le=1000,
-        description="On a streamed call, let the engine's chunks gather in the socket for this "
-        "many milliseconds after each read, and handle what came as one (0: every chunk as it "
-        "comes). The agent gets fewer, larger deltas: the first at once, the last up to this "
-        "late; the recorded tokens are the same. About halves the proxy's CPU per chunk "
+        description="On a streamed call, let the engine's chunks gather in the socket after "
+        "each read until the next tick of a clock of this many milliseconds (the same ticks for "
+        "every stream), and handle what came as one (0: every chunk as it comes). The agent "
+        "gets fewer, larger deltas: the first at once, the last up to this late; the recorded "
+        "tokens are the same. About halves the proxy's CPU per chunk "
         "(docs/proxy-performance.md).",
     )
 

@@ -115,8 +115,9 @@ class EngineClient:
         max_backoff: float = 2.0,
         stream_coalesce: float = 0.0,
     ) -> None:
-        """``stream_coalesce``: seconds to gather a stream's chunks for after each one read
-        (:class:`~dressage.proxy.http1.StreamedResponse`); 0 reads each as it comes."""
+        """``stream_coalesce``: the period of the clock whose ticks a stream's chunks gather
+        until, after each read (:class:`~dressage.proxy.http1.StreamedResponse`); 0 reads each
+        as it comes."""
         self.url = url.rstrip("/")
         self.stream_coalesce = stream_coalesce
         self.timeout = timeout

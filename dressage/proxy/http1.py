@@ -19,6 +19,7 @@ asked (``coalesce``). Control-plane calls (``/workers``,
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -72,12 +73,14 @@ class StreamedResponse:
     connection once a read has waited that long (the read then fails as a
     :class:`ProtocolFailure` that says so).
 
-    ``coalesce`` (seconds, 0 for none): a read comes no sooner than that after the one before,
-    and takes everything that arrived meanwhile, so that a body arriving in many small pieces
-    (an engine's stream, a chunk per token) is handed on in fewer, larger ones. Meanwhile the
-    connection's socket is not watched: the kernel gathers the bytes, and their arrivals wake
-    nothing (a wake-up and a read cost some 15 µs each, measured). The first read is not held
-    back; the last waits out the window it falls in.
+    ``coalesce`` (seconds, 0 for none): after a read, the next waits for the next tick of a
+    clock of that period, and takes everything that arrived meanwhile, so that a body arriving
+    in many small pieces (an engine's stream, a chunk per token) is handed on in fewer, larger
+    ones. Meanwhile the connection's socket is not watched: the kernel gathers the bytes, and
+    their arrivals wake nothing (a wake-up and a read cost some 15 µs each, measured). The
+    ticks are the same for every stream of the process (multiples of the period on the loop's
+    clock), so that one wake-up of the loop serves every stream that is waiting. The first
+    read is not held back; the last waits out the window it falls in (at most one period).
     """
 
     def __init__(
@@ -105,8 +108,11 @@ class StreamedResponse:
 
     async def _read(self) -> bytes:
         loop = asyncio.get_running_loop()
-        if self._coalesce:
-            delay = self._last_read + self._coalesce - loop.time()
+        if self._coalesce and self._last_read > float("-inf"):
+            # the first tick of the coalescing clock after the last read: the streams of one
+            # proxy read at the same ticks, so that one wake-up of the loop serves them all
+            tick = (math.floor(self._last_read / self._coalesce) + 1) * self._coalesce
+            delay = tick - loop.time()
             if delay > 0:  # let the bytes gather in the socket: no wake-up for each arrival
                 transport = self._conn.transport
                 transport.pause_reading()

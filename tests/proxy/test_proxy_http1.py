@@ -224,3 +224,40 @@ def test_a_coalescing_reader_reads_a_closed_connection_to_its_end() -> None:
     pieces: list[bytes | float | None] = [head, b"data: 1\n\n", 0.01, b"data: 2\n\n", None]
     batches, _ = _coalesced(pieces, 0.05)
     assert batches == [b"data: 1\n\n", b"data: 2\n\n"]
+
+
+def test_coalescing_streams_read_at_the_ticks_of_one_clock() -> None:
+    """Two streams of events 10 ms apart, read with a 100 ms window, the second started 30 ms
+    after the first: after its first read, each stream reads just after the multiples of
+    100 ms on the loop's clock, so one wake-up of the loop serves both (each waiting 100 ms
+    after its own last read, they would read 30 ms apart, and at least one of them 25 ms or
+    more after a tick)."""
+    period = 0.1
+    events = [b'data: {"a": %d}\n\n' % i for i in range(40)]
+    pieces: list[bytes | float | None] = [HEAD, _chunk(events[0])]
+    for event in events[1:]:
+        pieces += [0.01, _chunk(event)]
+    pieces += [_chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+
+    async def run() -> list[list[float]]:
+        async with _server(pieces) as url:
+            pool = HTTP1Pool(url)
+            loop = asyncio.get_running_loop()
+
+            async def stream(start: float) -> list[float]:
+                await asyncio.sleep(start)
+                times = []
+                async with pool.stream("POST", "/g", b"{}", timeout=5.0, coalesce=period) as r:
+                    async for _ in r.batches():
+                        times.append(loop.time())
+                return times
+
+            try:
+                return list(await asyncio.gather(stream(0.0), stream(0.03)))
+            finally:
+                await pool.aclose()
+
+    for times in asyncio.run(run()):
+        phases = sorted(t % period for t in times[1:])
+        assert len(phases) >= 3, times
+        assert phases[len(phases) // 2] < 0.25 * period, phases
