@@ -144,10 +144,12 @@ def test_streams_cumulative_or_incremental_give_the_same_tokens(incremental: boo
     assert [o.finish for o in outs] == [None, None, done]
 
 
-@pytest.mark.parametrize("interval", [None, 0.002])
+@pytest.mark.parametrize("interval", [None, 0.02])
 def test_a_stream_sent_at_once_or_chunked_and_paced_gives_each_token_once(
     interval: float | None,
 ) -> None:
+    """The events of one read go on as one output: all of them when the engine sends them at
+    once; paced, they come in several (each alone unless the reader fell behind)."""
     ids = [11, 12, 13, 14, 15]
     with _engine(EngineReply(ids), stream_interval_s=interval) as engine:
         client = EngineClient(engine.url)
@@ -159,8 +161,8 @@ def test_a_stream_sent_at_once_or_chunked_and_paced_gives_each_token_once(
         outs = _run(_with(client, collect()))
     assert [i for out in outs for i in out.output_ids] == ids
     assert outs[-1].finish == {"type": "stop", "matched": 15}
-    if interval is not None:  # each token's event came alone
-        assert [out.output_ids for out in outs] == [[i] for i in ids]
+    if interval is not None:  # the first token's event at once, the last 80 ms later
+        assert len(outs) >= 2, outs
 
 
 def test_the_scripted_engine_streams_a_chunk_every_stream_interval_tokens() -> None:
