@@ -660,6 +660,34 @@ def _streaming(
     }
 
 
+_VARIANT_KEYS = (
+    "stream_sse_chunks_per_call",
+    "whole_cpu_us_per_call",
+    "stream_cpu_us_per_call",
+    "stream_cpu_us_per_call_runs",
+    "stream_added_cpu_us_per_chunk",
+    "stream_met",
+)
+
+
+def _variant(prefix: str, measured: dict[str, Any]) -> dict[str, Any]:
+    """A streaming variant's figures (a :func:`_streaming` result) under ``prefix_`` keys."""
+    return {f"{prefix}_{key}": measured[key] for key in _VARIANT_KEYS}
+
+
+def _variant_line(stream: dict[str, Any], prefix: str, label: str) -> str:
+    """The printed line of the streaming variant stored under ``prefix_`` keys."""
+    return (
+        f"  {label}: {stream[f'{prefix}_stream_cpu_us_per_call']:.0f} us per streamed call vs "
+        f"{stream[f'{prefix}_whole_cpu_us_per_call']:.0f} whole (runs "
+        f"{stream[f'{prefix}_stream_cpu_us_per_call_runs']}), "
+        f"{stream['stream_engine_chunks_per_call']} engine chunks and "
+        f"{stream[f'{prefix}_stream_sse_chunks_per_call']} SSE chunks a call: "
+        f"{stream[f'{prefix}_stream_added_cpu_us_per_chunk']:.1f} us added per engine chunk "
+        f"(target <= {STREAM_CHUNK_TARGET_US:.0f})"
+    )
+
+
 def _slope_kb_per_min(points: list[tuple[float, int]]) -> float:
     if len(points) < 2:
         return float("nan")
@@ -969,19 +997,13 @@ def main(args: argparse.Namespace) -> int:
                                       args.stream_seconds,
                                       coalesce_ms=args.stream_coalesce_ms)  # fmt: skip
                 stream["stream_coalesce_ms"] = args.stream_coalesce_ms
-                for key in ("stream_sse_chunks_per_call", "whole_cpu_us_per_call",
-                            "stream_cpu_us_per_call", "stream_cpu_us_per_call_runs",
-                            "stream_added_cpu_us_per_chunk", "stream_met"):  # fmt: skip
-                    stream[f"coalesce_{key}"] = gathered[key]
+                stream.update(_variant("coalesce", gathered))
             if args.stream_incremental:  # an incremental engine, the same proxy, same run
                 deltas = _streaming(stream_file, tmp, stream_common, len(stream_ids),
                                     args.stream_seconds, coalesce_ms=args.stream_coalesce_ms,
                                     incremental=True)  # fmt: skip
                 stream["stream_incremental"] = True
-                for key in ("stream_sse_chunks_per_call", "whole_cpu_us_per_call",
-                            "stream_cpu_us_per_call", "stream_cpu_us_per_call_runs",
-                            "stream_added_cpu_us_per_chunk", "stream_met"):  # fmt: skip
-                    stream[f"incremental_{key}"] = deltas[key]
+                stream.update(_variant("incremental", deltas))
             if args.before:  # the same measure of --before's proxy, in the same run
                 tree = checkout(args.before, tmp)
                 before = _streaming(stream_file, tmp, stream_common, len(stream_ids),
@@ -1029,26 +1051,18 @@ def main(args: argparse.Namespace) -> int:
             )
         if "stream_coalesce_ms" in stream:
             print(
-                f"  --stream-coalesce-ms {stream['stream_coalesce_ms']:g}: "
-                f"{stream['coalesce_stream_cpu_us_per_call']:.0f} us per streamed call vs "
-                f"{stream['coalesce_whole_cpu_us_per_call']:.0f} whole (runs "
-                f"{stream['coalesce_stream_cpu_us_per_call_runs']}), "
-                f"{stream['stream_engine_chunks_per_call']} engine chunks and "
-                f"{stream['coalesce_stream_sse_chunks_per_call']} SSE chunks a call: "
-                f"{stream['coalesce_stream_added_cpu_us_per_chunk']:.1f} us added per engine "
-                f"chunk (target <= {STREAM_CHUNK_TARGET_US:.0f})"
+                _variant_line(
+                    stream, "coalesce", f"--stream-coalesce-ms {stream['stream_coalesce_ms']:g}"
+                )
             )
         if "stream_incremental" in stream:
             print(
-                f"  an incremental engine (--incremental-streaming-output), "
-                f"--stream-coalesce-ms {args.stream_coalesce_ms:g}: "
-                f"{stream['incremental_stream_cpu_us_per_call']:.0f} us per streamed call vs "
-                f"{stream['incremental_whole_cpu_us_per_call']:.0f} whole (runs "
-                f"{stream['incremental_stream_cpu_us_per_call_runs']}), "
-                f"{stream['stream_engine_chunks_per_call']} engine chunks and "
-                f"{stream['incremental_stream_sse_chunks_per_call']} SSE chunks a call: "
-                f"{stream['incremental_stream_added_cpu_us_per_chunk']:.1f} us added per engine "
-                f"chunk (target <= {STREAM_CHUNK_TARGET_US:.0f})"
+                _variant_line(
+                    stream,
+                    "incremental",
+                    "an incremental engine (--incremental-streaming-output), "
+                    f"--stream-coalesce-ms {args.stream_coalesce_ms:g}",
+                )
             )
         if "stream_before" in stream:
             print(

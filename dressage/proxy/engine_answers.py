@@ -254,15 +254,12 @@ class _Chunks:
                 joined = out if joined is None else _join(joined, out)
                 if out.finish is not None:
                     break
-        except EngineError as exc:
-            failure = exc
-        else:
-            if joined is not None:
+        except EngineError:
+            if joined is not None:  # the tokens before the chunk that failed, then the failure
                 yield joined
-            return
-        if joined is not None:  # the tokens before the chunk that failed, then the failure
+            raise
+        if joined is not None:
             yield joined
-        raise failure
 
     def _chunk(self, payload: bytes) -> EngineOutput:
         short, was_cut = self.cut(payload)

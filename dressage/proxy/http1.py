@@ -94,7 +94,8 @@ class StreamedResponse:
         self.status = status
         self._timeout = timeout
         self._coalesce = coalesce
-        self._last_read = float("-inf")
+        self._last_read: float | None = None
+        """When the last read ended, on the loop's clock (None before the first)."""
         self.headers = headers
         self._conn = conn
         self._chunked = headers.get("transfer-encoding", "").lower() == "chunked"
@@ -108,7 +109,7 @@ class StreamedResponse:
 
     async def _read(self) -> bytes:
         loop = asyncio.get_running_loop()
-        if self._coalesce and self._last_read > float("-inf"):
+        if self._coalesce and self._last_read is not None:
             # the first tick of the coalescing clock after the last read: the streams of one
             # proxy read at the same ticks, so that one wake-up of the loop serves them all
             tick = (math.floor(self._last_read / self._coalesce) + 1) * self._coalesce
