@@ -14,17 +14,19 @@ streamed, whole, streamed), at 16 sessions; the scripted engine streams one cumu
 output token (SGLang's default), so the proxy's added CPU per chunk is (CPU per streamed call - CPU
 per whole call) / chunks per call. ``--stream-coalesce-ms MS`` and ``--stream-incremental`` measure,
 in the same run, the proxy with its chunks gathered for MS, and an engine that sends each chunk's
-new tokens only (SGLang's ``--incremental-streaming-output``). RSS over a long run: a fresh proxy
-under 256 sessions (finalized after 8 turns, new ones starting) for ``--rss-seconds``, its RSS
-sampled every ``--rss-interval`` s; it levels off when the last half grew at most a quarter of what
-the first half grew, or at most 2% of the RSS (judged from 120 s on: the default 20 s run only shows
-the curve, the heap still filling).
+new tokens only (SGLang's ``--incremental-streaming-output``). With ``--before REF``, that
+commit's proxy runs beside this one in each of them, the two driven in turn, run for run.
+
+RSS over a long run: a fresh proxy under 256 sessions (finalized after 8 turns, new ones
+starting) for ``--rss-seconds``, its RSS sampled every ``--rss-interval`` s; it levels off when
+the last half grew at most a quarter of what the first half grew, or at most 2% of the RSS
+(judged from 120 s on: the default 20 s run only shows the curve, the heap still filling).
 
     python bench/proxy.py          # about 4 minutes on 2 cores; the last line is the JSON summary
     python bench/proxy.py --parts rss --rss-seconds 600 --rss-interval 5   # the 10-minute run
     python bench/proxy.py --parts workers   # 256 sessions through 1, 2, 4 proxy processes
     python bench/proxy.py --parts cpu_ab --before 3d852fc   # CPU per call against a commit
-    python bench/proxy.py --parts stream --before e5805dd   # streaming, and that commit's
+    python bench/proxy.py --parts stream --before e5805dd   # streaming, beside that commit's
     python bench/proxy.py --parts stream --stream-answer-tokens 1000 --stream-seconds 6 \
         --before c006d20    # streaming 1,000-token answers (their reasoning lengthened)
     python bench/proxy.py --parts stream --stream-coalesce-ms 20 --stream-incremental
@@ -600,20 +602,22 @@ def _streaming(
     chunks: int,
     seconds: float,
     *,
-    tree: Path = REPO,
+    trees: tuple[Path, ...] = (REPO,),
     interval: int = 1,
     coalesce_ms: float = 0.0,
     incremental: bool = False,
-) -> dict[str, Any]:
-    """CPU per call of one proxy, whole and streamed, alternating (whole, streamed, whole,
-    streamed) so that a drift of the machine falls on both; ``chunks``: the answer's tokens, a
-    chunk each, or one chunk every ``interval`` tokens (the proxy's ``--stream-interval``);
-    ``coalesce_ms``: the proxy's ``--stream-coalesce-ms`` (the engine's chunks stay as many);
-    ``incremental``: the engine streams as SGLang's ``--incremental-streaming-output`` does
-    (each chunk with its new tokens only; cumulative chunks if not). The engine here streams
-    as SGLang does: chunked, one event an HTTP chunk,
-    :data:`STREAM_INTERVAL_MS` apart, so that each chunk reaches the proxy on its own (sent all
-    at once, a whole answer's events would arrive in one read)."""
+) -> list[dict[str, Any]]:
+    """CPU per call of a proxy of each of ``trees`` (this repository's code, another commit's
+    copy), whole and streamed, alternating (whole, streamed, whole, streamed, each run by each
+    proxy in turn) so that a drift of the machine falls on every measure; one result a tree.
+    ``chunks``: the answer's tokens, a chunk each, or one chunk every ``interval`` tokens (the
+    proxy's ``--stream-interval``); ``coalesce_ms``: the proxy's ``--stream-coalesce-ms`` (the
+    engine's chunks stay as many); ``incremental``: the engine streams as SGLang's
+    ``--incremental-streaming-output`` does (each chunk with its new tokens only; cumulative
+    chunks if not). The engine (this repository's, for every tree) streams as SGLang does:
+    chunked, one event an HTTP chunk, :data:`STREAM_INTERVAL_MS` apart, so that each chunk
+    reaches the proxy on its own (sent all at once, a whole answer's events would arrive in
+    one read)."""
     engine, engine_url = spawn(
         1, ["-m", "dressage.proxy.testing", "--output-file", output_file,
             "--stream-interval-ms", str(STREAM_INTERVAL_MS),
@@ -624,20 +628,31 @@ def _streaming(
     extra = ("--stream-interval", str(interval)) if interval > 1 else ()
     if coalesce_ms:
         extra = (*extra, "--stream-coalesce-ms", str(coalesce_ms))
-    store = str(tmp / f"store-stream-{tree.name}-{interval}-{coalesce_ms}-{incremental}")
-    proxy, url = proxy_process(engine_url, store, tree=tree, extra=extra)
-    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    proxies: list[tuple[subprocess.Popen[str], str]] = []
+    runs: list[dict[bool, list[dict[str, Any]]]] = [{False: [], True: []} for _ in trees]
     try:
+        for k, tree in enumerate(trees):
+            store = f"store-stream-{k}-{tree.name}-{interval}-{coalesce_ms}-{incremental}"
+            proxies.append(proxy_process(engine_url, str(tmp / store), tree=tree, extra=extra))
         for k, stream in enumerate((False, True, False, True)):
-            cpu = _cpu_s(proxy.pid)
-            r = run_role("load", *common, "--mode", "proxy", "--sessions", str(STREAM_SESSIONS),
-                         "--proxy", url, "--seed", f"stream{k}", "--seconds", str(seconds),
-                         *(["--stream"] if stream else []))  # fmt: skip
-            r["cpu_us_per_call"] = (_cpu_s(proxy.pid) - cpu) / r["total_calls"] * 1e6
-            runs[stream].append(r)
+            for (proxy, url), tree_runs in zip(proxies, runs, strict=True):
+                cpu = _cpu_s(proxy.pid)
+                load = ["--mode", "proxy", "--sessions", str(STREAM_SESSIONS), "--proxy", url]
+                load += ["--seed", f"stream{k}", "--seconds", str(seconds)]
+                r = run_role("load", *common, *load, *(["--stream"] if stream else []))
+                r["cpu_us_per_call"] = (_cpu_s(proxy.pid) - cpu) / r["total_calls"] * 1e6
+                tree_runs[stream].append(r)
     finally:
-        stop_process(proxy)
+        for proxy, _ in proxies:
+            stop_process(proxy)
         stop_process(engine)
+    return [_stream_result(tree_runs, chunks, interval) for tree_runs in runs]
+
+
+def _stream_result(
+    runs: dict[bool, list[dict[str, Any]]], chunks: int, interval: int
+) -> dict[str, Any]:
+    """One proxy's streaming figures from its whole (False) and streamed (True) runs."""
     whole = statistics.fmean(r["cpu_us_per_call"] for r in runs[False])
     streamed = statistics.fmean(r["cpu_us_per_call"] for r in runs[True])
     tokens, chunks = chunks, -(-chunks // interval)
@@ -982,36 +997,38 @@ def main(args: argparse.Namespace) -> int:
                 Path(stream_file).write_text(json.dumps(stream_ids))
                 stream_common = [*common, "--output-file", stream_file,
                                  "--max-tokens", str(len(stream_ids) + 64)]  # fmt: skip
-            stream = _streaming(stream_file, tmp, stream_common, len(stream_ids),
-                                args.stream_seconds)  # fmt: skip
+            # --before: its proxy measured beside this one, run for run, in each variant
+            trees = (REPO, checkout(args.before, tmp)) if args.before else (REPO,)
+
+            def measure(**variant: Any) -> list[dict[str, Any]]:
+                return _streaming(stream_file, tmp, stream_common, len(stream_ids),
+                                  args.stream_seconds, trees=trees, **variant)  # fmt: skip
+
+            stream, *before = measure()
+            if before:
+                stream["stream_before"] = args.before
+                for key in ("whole_cpu_us_per_call", "stream_cpu_us_per_call",
+                            "stream_added_cpu_us_per_chunk"):  # fmt: skip
+                    stream[f"before_{key}"] = before[0][key]
             if args.stream_interval > 1:  # the same proxy with --stream-interval, same run
-                spaced = _streaming(stream_file, tmp, stream_common, len(stream_ids),
-                                    args.stream_seconds, interval=args.stream_interval)  # fmt: skip
+                spaced = measure(interval=args.stream_interval)[0]
                 stream["stream_interval"] = args.stream_interval
                 for key in ("stream_engine_chunks_per_call", "whole_cpu_us_per_call",
                             "stream_cpu_us_per_call", "stream_added_cpu_us_per_chunk",
                             "stream_added_cpu_us_per_token"):  # fmt: skip
                     stream[f"interval_{key}"] = spaced[key]
             if args.stream_coalesce_ms:  # the same proxy with --stream-coalesce-ms, same run
-                gathered = _streaming(stream_file, tmp, stream_common, len(stream_ids),
-                                      args.stream_seconds,
-                                      coalesce_ms=args.stream_coalesce_ms)  # fmt: skip
+                gathered, *before = measure(coalesce_ms=args.stream_coalesce_ms)
                 stream["stream_coalesce_ms"] = args.stream_coalesce_ms
                 stream.update(_variant("coalesce", gathered))
+                if before:
+                    stream.update(_variant("before_coalesce", before[0]))
             if args.stream_incremental:  # an incremental engine, the same proxy, same run
-                deltas = _streaming(stream_file, tmp, stream_common, len(stream_ids),
-                                    args.stream_seconds, coalesce_ms=args.stream_coalesce_ms,
-                                    incremental=True)  # fmt: skip
+                deltas, *before = measure(coalesce_ms=args.stream_coalesce_ms, incremental=True)
                 stream["stream_incremental"] = True
                 stream.update(_variant("incremental", deltas))
-            if args.before:  # the same measure of --before's proxy, in the same run
-                tree = checkout(args.before, tmp)
-                before = _streaming(stream_file, tmp, stream_common, len(stream_ids),
-                                    args.stream_seconds, tree=tree)  # fmt: skip
-                stream["stream_before"] = args.before
-                for key in ("whole_cpu_us_per_call", "stream_cpu_us_per_call",
-                            "stream_added_cpu_us_per_chunk"):  # fmt: skip
-                    stream[f"before_{key}"] = before[key]
+                if before:
+                    stream.update(_variant("before_incremental", before[0]))
         if "idle" in parts:
             memory = _memory(engine_url, tmp, output_file)
         if "rss" in parts:
@@ -1050,20 +1067,18 @@ def main(args: argparse.Namespace) -> int:
                 f"{stream['stream_added_cpu_us_per_token']:.1f} a token a chunk)"
             )
         if "stream_coalesce_ms" in stream:
-            print(
-                _variant_line(
-                    stream, "coalesce", f"--stream-coalesce-ms {stream['stream_coalesce_ms']:g}"
-                )
-            )
+            label = f"--stream-coalesce-ms {stream['stream_coalesce_ms']:g}"
+            print(_variant_line(stream, "coalesce", label))
+            if "before_coalesce_stream_met" in stream:
+                print(_variant_line(stream, "before_coalesce", f"--before's, {label}"))
         if "stream_incremental" in stream:
-            print(
-                _variant_line(
-                    stream,
-                    "incremental",
-                    "an incremental engine (--incremental-streaming-output), "
-                    f"--stream-coalesce-ms {args.stream_coalesce_ms:g}",
-                )
+            label = (
+                "an incremental engine (--incremental-streaming-output), "
+                f"--stream-coalesce-ms {args.stream_coalesce_ms:g}"
             )
+            print(_variant_line(stream, "incremental", label))
+            if "before_incremental_stream_met" in stream:
+                print(_variant_line(stream, "before_incremental", f"--before's, {label}"))
         if "stream_before" in stream:
             print(
                 f"  --before {stream['stream_before']}: "

@@ -10,6 +10,7 @@ with text that holds escapes, quotes, brackets and non-ASCII characters.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from dressage.http_json import loads_engine
 from dressage.proxy import cumulative
 from dressage.proxy.cumulative import CumulativeCut
-from dressage.proxy.engine_answers import EngineOutput, read_stream
+from dressage.proxy.engine_answers import EngineOutput, _Chunks, read_stream
 
 URL = "http://unused:1"
 
@@ -299,6 +300,91 @@ def test_top_logprobs_that_appear_midway_are_not_cut_apart_from_their_tokens() -
     with_tops = _events(tokens, [1, 1, 1, 1], tops=True, incremental=False)
     payloads = [orjson.dumps(e) for e in (plain[0], plain[1], with_tops[2], with_tops[3])]
     assert _as_tuples(_read(payloads)) == _reference(payloads)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(TOKEN, min_size=1, max_size=30),
+    cuts=st.lists(st.integers(0, 3), max_size=30),
+    groups=st.lists(st.integers(1, 6), max_size=12),
+    tops=st.booleans(),
+    extra=st.booleans(),
+    updates=st.lists(st.integers(0, 30), max_size=3),
+    counts=st.lists(st.sampled_from([None, 0, 7]), max_size=30),
+    shown=st.lists(st.sampled_from(["", "3", "4", "default"]), max_size=30),
+)
+def test_an_incremental_arrival_read_in_one_pass_is_its_chunks_read_and_joined(
+    tokens: list[tuple[float, int, str]],
+    cuts: list[int],
+    groups: list[int],
+    tops: bool,
+    extra: bool,
+    updates: list[int],
+    counts: list[int | None],
+    shown: list[str],
+) -> None:
+    """Several incremental chunks that arrive together are read in one pass; every field of
+    the output (tokens, log-probs, tops, versions, finish, the prompt counts, the version
+    shown) is what reading each chunk and joining them gives, also where chunks lack prompt
+    counts or weight versions."""
+    sizes = [c for c in cuts if c] or [len(tokens)]
+    while sum(sizes) < len(tokens):
+        sizes.append(1)
+    at, fitted = 0, []
+    for size in sizes:
+        if at < len(tokens):
+            fitted.append(min(size, len(tokens) - at))
+            at += fitted[-1]
+    versions = [3 + sum(k >= u for u in updates) for k in range(len(fitted))]
+    events = _events(tokens, fitted, tops=tops, incremental=True, extra=extra, versions=versions)
+    for k, event in enumerate(events):
+        meta = event["meta_info"]
+        if counts:
+            meta["prompt_tokens"] = counts[k % len(counts)]
+            meta["cached_tokens"] = None if meta["prompt_tokens"] is None else k
+        if shown:
+            meta["weight_version"] = shown[k % len(shown)]
+    payloads = [orjson.dumps(e) for e in events]
+    fast = [dataclasses.astuple(o) for o in _read(payloads, groups)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_Chunks, "_increments", lambda *_: None)  # each chunk read, then joined
+        slow = [dataclasses.astuple(o) for o in _read(payloads, groups)]
+    assert fast == slow
+
+
+def test_an_incremental_stream_reads_its_later_arrivals_without_a_step_per_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tokens = [(-0.5, 100 + k, "a") for k in range(12)]
+    payloads = [orjson.dumps(e) for e in _events(tokens, [1] * 12, tops=True, incremental=True)]
+    stepped = []
+    real = _Chunks._chunk
+
+    def counted(self: _Chunks, payload: bytes) -> EngineOutput:
+        stepped.append(payload)
+        return real(self, payload)
+
+    monkeypatch.setattr(_Chunks, "_chunk", counted)
+    got = _read(payloads, [2, 5, 5])
+    assert [o.output_ids for o in got] == [[100, 101], list(range(102, 107)), list(range(107, 112))]
+    assert len(stepped) == 2  # the first arrival's two chunks: the rest in one pass each
+    assert _as_tuples(got)[-1][3] == {"type": "stop", "matched": 1}
+
+
+def test_an_arrival_read_in_one_pass_shows_the_last_version_given_and_the_first_prompt_count() -> (
+    None
+):
+    tokens = [(-0.5, 100 + k, "a") for k in range(6)]
+    events = _events(tokens, [1] * 6, tops=False, incremental=True)
+    shown_and_prompt = zip(["3", "3", "4", "", "", ""], [7, 7, None, 9, 8, 8], strict=True)
+    for k, (shown, prompt) in enumerate(shown_and_prompt):
+        events[k]["meta_info"].update(weight_version=shown, prompt_tokens=prompt, cached_tokens=k)
+    got = _read([orjson.dumps(e) for e in events], [2, 4])
+    assert [(o.weight_version, o.prompt_tokens, o.cached_tokens) for o in got] == [
+        ("3", 7, 0),
+        ("4", 9, 3),
+    ]
+    assert [v for o in got for v in o.versions] == [3, 3, 4, 0, 0, 0]
 
 
 def test_a_long_random_stream_with_coalesced_chunks() -> None:

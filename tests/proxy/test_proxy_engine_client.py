@@ -379,8 +379,8 @@ def test_the_controller_resumes_an_abort_when_its_policy_says_so() -> None:
 
 def test_sse_lines_are_read_in_every_spelling_sglang_or_a_router_may_send() -> None:
     """``data:`` with or without its space, spaces around the payload, ``\\r\\n`` line ends,
-    comments and other fields between events, ``[DONE]`` spelled either way: the same tokens,
-    whether the lines come one block each or all in one."""
+    comments (one that holds ``data:``) and other fields between events, ``[DONE]`` spelled
+    either way: the same tokens, whether the lines come one block each or all in one."""
     done = {"type": "length", "length": 3}
     one, two, three = (
         json.dumps(c).encode()
@@ -388,6 +388,7 @@ def test_sse_lines_are_read_in_every_spelling_sglang_or_a_router_may_send() -> N
     )
     lines = [
         b": keep-alive\r\n",
+        b": a comment with data: inside, not an event\n",
         b"data:" + one + b"\r\n",
         b"\r\n",
         b"event: message\n",
