@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dressage.http_json import loads_engine
@@ -475,3 +475,33 @@ def test_a_failing_chunk_in_an_arrival_fails_the_call_after_the_tokens_before_it
     with pytest.raises(EngineRejectedError, match="bad request"):
         asyncio.run(go())
     assert [o.output_ids for o in got] == [[100], [101, 102]]
+
+
+JSON_ITEM = st.recursive(
+    st.none() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False)
+    | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(JSON_ITEM, max_size=8), spaced=st.booleans(), skip=st.integers(0, 8))
+@example(items=["]"], spaced=False, skip=0)
+@example(items=[1, 'x\\"]', [2]], spaced=True, skip=1)
+@example(items=[[-0.5, 3, None], [-0.25, 4, "]"]], spaced=False, skip=1)
+@example(items=[{"k": "]"}, [[1]]], spaced=True, skip=0)
+@example(items=[["]1]"]], spaced=False, skip=0)
+def test_a_list_closer_is_found_with_or_without_strings_and_nesting(
+    items: list[Any], spaced: bool, skip: int
+) -> None:
+    """The closer of a list value, scanned from after its opener or after some of its items
+    (where a cut resumes): flat lists of numbers and nulls in one match, anything else (strings
+    holding brackets and quotes, objects, deeper lists) bracket by bracket, the same index."""
+    value = _dump(items, spaced)
+    payload = b'{"a": ' + value + b', "b": [1]}'
+    start = payload.index(b"[")
+    resume = start + 1
+    if 0 < skip <= len(items):  # after the first ``skip`` items, as the previous chunk sent them
+        resume = start + len(_dump(items[:skip], spaced)) - 1
+    assert cumulative._closer(payload, resume, 1) == start + len(value) - 1
