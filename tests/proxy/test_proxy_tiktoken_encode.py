@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dressage.assets import load_family_tokenizer, load_tokenizer
-from dressage.proxy.tito.base import SwitchingEncoder, make_encoder
+from dressage.proxy.tito.base import SwitchingDecoder, SwitchingEncoder, make_decoder, make_encoder
 from dressage.proxy.tito.tiktoken_encode import (
     TiktokenEncoder,
     byte_level_alphabet,
@@ -250,7 +250,81 @@ def test_a_new_tokenizer_is_encoded_at_once_and_switches_to_tiktoken_when_built(
     assert isinstance(encode, SwitchingEncoder)
     text = "x <tool_call>{}</tool_call> Å"
     assert encode(text) == tokenizer.encode(text, add_special_tokens=False)  # either encoder
+    decode = make_decoder(tokenizer)
+    assert isinstance(decode, SwitchingDecoder)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert decode(ids) == _backend_text(tokenizer, ids)  # either decoder
     assert encode.built.wait(120), "the tiktoken encoder was never built"
     assert isinstance(encode.encode, TiktokenEncoder)
     assert encode(text) == tokenizer.encode(text, add_special_tokens=False)
     assert make_encoder(tokenizer) is encode.encode
+    assert decode(ids) == _backend_text(tokenizer, ids)
+    assert decode.decode.__qualname__.startswith("_tiktoken_decoder")  # switched on its own
+
+
+def _backend_text(tokenizer: Any, ids: list[int]) -> str:
+    return str(tokenizer.backend_tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def test_every_id_and_broken_byte_runs_decode_as_by_the_backend(
+    pair: tuple[TiktokenEncoder, Any],
+) -> None:
+    """Every id alone, then random runs that mix the single-byte tokens (which split UTF-8
+    sequences, so that the text holds replacement characters), added tokens and the rest:
+    tiktoken's text is the backend's, replacement characters included."""
+    fast, tokenizer = pair
+    assert fast.decodes
+    backend = tokenizer.backend_tokenizer
+    size = backend.get_vocab_size(with_added_tokens=True)
+    singles = [fast.decode([i]) for i in range(size)]
+    assert singles == [_backend_text(tokenizer, [i]) for i in range(size)]
+    bytes_alone = [i for i in range(size) if len(fast.encoding.decode_single_token_bytes(i)) == 1]
+    assert len(bytes_alone) == 256
+    added = [fast.encoding.encode_single_token(t) for t in fast.encoding.special_tokens_set]
+    rng = random.Random(11)
+    broken = 0
+    for _ in range(3000):
+        pool = rng.choice([bytes_alone, added, range(size)])
+        ids = [rng.choice(pool) if rng.random() < 0.6 else rng.randrange(size) for _ in range(12)]
+        text = fast.decode(ids)
+        assert text == _backend_text(tokenizer, ids), ids
+        broken += "\ufffd" in text
+    assert broken > 100  # the runs did split sequences
+
+
+def test_decoding_takes_tiktoken_once_built_and_the_backend_for_an_id_it_lacks() -> None:
+    tokenizer = load_tokenizer("qwen3.5")
+    fast = tiktoken_encoder(tokenizer)
+    assert fast is not None
+    decode = make_decoder(tokenizer)  # known already: no switching
+    assert not isinstance(decode, SwitchingDecoder)
+    ids = tokenizer.encode(
+        "<think>\nI é 日本 😀\n</think>\n\nok<|im_end|>", add_special_tokens=False
+    )
+    assert decode(ids) == _backend_text(tokenizer, ids)
+    past = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True) + 5
+    with pytest.raises(KeyError):
+        fast.decode([past, *ids])
+    assert decode([past, *ids]) == _backend_text(tokenizer, [past, *ids])  # skipped, as there
+
+
+def _strip_decoder(spec: dict[str, Any]) -> None:
+    spec["decoder"] = {
+        "type": "Sequence",
+        "decoders": [spec["decoder"], {"type": "Strip", "content": " ", "start": 1, "stop": 0}],
+    }
+
+
+def _latin1_added_token(spec: dict[str, Any]) -> None:
+    spec["added_tokens"][5]["content"] = "<é>"
+
+
+@pytest.mark.parametrize("change", [_strip_decoder, _latin1_added_token])
+def test_a_tokenizer_that_decodes_otherwise_keeps_the_backend_decoder(change: Any) -> None:
+    """Its ids still encode through tiktoken; its text comes from the backend."""
+    tokenizer = _modified(change)
+    fast = tiktoken_encoder(tokenizer)
+    assert fast is not None and not fast.decodes
+    decode = make_decoder(tokenizer)
+    ids = tokenizer.encode(" ab <é> <think>", add_special_tokens=False)
+    assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=False)

@@ -28,8 +28,11 @@ from dressage.proxy.tito.state import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from dressage.proxy.tito.tiktoken_encode import TiktokenEncoder
+
 __all__ = [
     "Encoder",
+    "SwitchingDecoder",
     "SwitchingEncoder",
     "TITOTokenizer",
     "make_decoder",
@@ -90,10 +93,22 @@ class SwitchingEncoder:
 
 
 def make_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
-    """``tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)``,
+    """``tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)``:
+    through tiktoken where the tokenizer's tiktoken encoder decodes as its backend does
+    (:meth:`~dressage.proxy.tito.tiktoken_encode.TiktokenEncoder.decode`, 3-9x faster), else
     through the Rust backend when the tokenizer is transformers' plain fast tokenizer (its
-    ``decode`` then calls exactly that, after per-call Python overhead); a tokenizer class that
-    overrides decoding keeps its own."""
+    ``decode`` then calls exactly that, after per-call Python overhead); a tokenizer class
+    that overrides decoding keeps its own."""
+    from dressage.proxy.tito.tiktoken_encode import known_tiktoken_encoder
+
+    slow = _backend_decoder(tokenizer)
+    known, fast = known_tiktoken_encoder(tokenizer)
+    if known:
+        return _tiktoken_decoder(fast, slow)
+    return SwitchingDecoder(tokenizer, slow)
+
+
+def _backend_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerBase
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -110,6 +125,47 @@ def make_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], st
     return lambda ids: str(
         tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     )
+
+
+def _tiktoken_decoder(
+    fast: TiktokenEncoder | None, slow: Callable[[list[int]], str]
+) -> Callable[[list[int]], str]:
+    """``fast``'s decode where it decodes as the backend (``slow``) does, else ``slow``; an id
+    tiktoken does not hold goes to ``slow``, which skips it (or refuses it) as it always did."""
+    if fast is None or not fast.decodes:
+        return slow
+    tiktoken_decode = fast.decode
+
+    def decode(ids: list[int]) -> str:
+        try:
+            return tiktoken_decode(ids)
+        except (KeyError, OverflowError, TypeError, ValueError):
+            return slow(ids)
+
+    return decode
+
+
+class SwitchingDecoder:
+    """The backend's decoder until the tokenizer's tiktoken encoder is known (its build runs in
+    :class:`SwitchingEncoder`'s thread), then :func:`_tiktoken_decoder`'s: both give the same
+    text, so a call may take either."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, slow: Callable[[list[int]], str]):
+        self._tokenizer = tokenizer
+        self._slow = slow
+        self.decode: Callable[[list[int]], str] = self._until_known
+
+    def __call__(self, ids: list[int]) -> str:
+        return self.decode(ids)
+
+    def _until_known(self, ids: list[int]) -> str:
+        from dressage.proxy.tito.tiktoken_encode import known_tiktoken_encoder
+
+        known, fast = known_tiktoken_encoder(self._tokenizer)
+        if not known:
+            return self._slow(ids)
+        self.decode = _tiktoken_decoder(fast, self._slow)
+        return self.decode(ids)
 
 
 def single_token_id(encode: Encoder, token: str, family: str) -> int:

@@ -75,8 +75,13 @@ class TiktokenEncoder:
         encoding: tiktoken.Encoding,
         added: dict[str, int],
         normalize: Callable[[str], str] | None,
+        *,
+        decodes: bool = False,
     ) -> None:
         self.encoding = encoding
+        self.decodes = decodes
+        """Whether :meth:`decode` gives the backend's text (see :func:`_decodes_as_bytes`)."""
+        self._decode_bytes = encoding.decode_bytes
         self._ordinary = encoding.encode_ordinary
         self._added = added
         self._normalize = normalize
@@ -90,6 +95,12 @@ class TiktokenEncoder:
             else:
                 text.encode("utf-8")  # the same refusal of a lone surrogate
         return self._ordinary(text)
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``: their bytes joined (in Rust), read as UTF-8 with a replacement
+        character for each broken sequence, as the backend's ByteLevel decoder reads them.
+        Raises ``KeyError`` for an id this encoding does not hold (the backend skips it)."""
+        return self._decode_bytes(ids).decode("utf-8", "replace")
 
     def __call__(self, text: str) -> list[int]:
         if self._split is None:
@@ -149,7 +160,27 @@ def _build(tokenizer: PreTrainedTokenizerBase) -> TiktokenEncoder | None:
         _encoding(pattern, ranks, added),
         added,
         backend.normalizer.normalize_str if spec.get("normalizer") else None,
+        decodes=_decodes_as_bytes(spec, added),
     )
+
+
+def _decodes_as_bytes(spec: dict[str, Any], added: dict[str, int]) -> bool:
+    """Whether the backend's ``decode(ids, skip_special_tokens=False)`` is the ids' bytes as
+    tiktoken holds them, joined and read as UTF-8 with replacement: a ``ByteLevel`` decoder and
+    nothing else (it maps each token's characters back to bytes, or takes a token with a
+    character outside its alphabet as UTF-8, and reads the whole with Rust's
+    ``from_utf8_lossy``, which replaces what Python's ``"replace"`` does), and added tokens
+    whose bytes that way are their UTF-8, which is what tiktoken holds for them. The model's
+    tokens are byte-level text already (:func:`bpe_ranks`)."""
+    decoder = spec.get("decoder")
+    if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel":
+        return False
+    alphabet = byte_level_alphabet()
+    for content in added:
+        if all(ch in alphabet for ch in content):
+            if bytes(alphabet[ch] for ch in content) != content.encode():
+                return False
+    return True
 
 
 def _encoding(pattern: str, ranks: dict[bytes, int], added: dict[str, int]) -> tiktoken.Encoding:
