@@ -230,10 +230,11 @@ class _Chunks:
     tokens read so far plus its new ones, no abort (an error abort fails the call after the
     tokens before it), and each token's weight version known: from the chunk's per-token spans,
     or else the chunk's version equals the one read before it (versions only grow, so every
-    chunk between had it too). Otherwise each chunk is read in turn, and their tokens go on as
-    one output (an incremental stream's chunks always are): the tokens of a block reach the
-    agent in one delta however the engine sent them. A chunk that fails the call (a bad
-    chunk, an error abort) does so after the tokens before it.
+    chunk between had it too). Several incremental chunks are read in one pass
+    (:meth:`_increments`) where each is a plain next increment. Otherwise each chunk is read in
+    turn, and their tokens go on as one output: the tokens of a block reach the agent in one
+    delta however the engine sent them. A chunk that fails the call (a bad chunk, an error
+    abort) does so after the tokens before it.
     """
 
     def __init__(self, rid: str, url: str) -> None:

@@ -328,3 +328,17 @@ def test_a_tokenizer_that_decodes_otherwise_keeps_the_backend_decoder(change: An
     decode = make_decoder(tokenizer)
     ids = tokenizer.encode(" ab <é> <think>", add_special_tokens=False)
     assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_a_tokenizer_class_that_decodes_its_own_way_keeps_it() -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    class Shouting(PreTrainedTokenizerFast):
+        def _decode(self, token_ids: Any, **kwargs: Any) -> str:
+            return str(super()._decode(token_ids, **kwargs)).upper()
+
+    tokenizer = Shouting(tokenizer_object=_modified(lambda spec: None).backend_tokenizer)
+    fast = tiktoken_encoder(tokenizer)
+    assert fast is not None and fast.decodes  # tiktoken could decode its ids, but not its way
+    ids = tokenizer.encode("abc <think>", add_special_tokens=False)
+    assert make_decoder(tokenizer)(ids) == "ABC <THINK>"

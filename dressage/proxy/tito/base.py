@@ -101,14 +101,19 @@ def make_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], st
     that overrides decoding keeps its own."""
     from dressage.proxy.tito.tiktoken_encode import known_tiktoken_encoder
 
-    slow = _backend_decoder(tokenizer)
+    slow, plain = _backend_decoder(tokenizer)
+    if not plain:  # the class decodes its own way: tiktoken would not give its text
+        return slow
     known, fast = known_tiktoken_encoder(tokenizer)
     if known:
         return _tiktoken_decoder(fast, slow)
     return SwitchingDecoder(tokenizer, slow)
 
 
-def _backend_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
+def _backend_decoder(
+    tokenizer: PreTrainedTokenizerBase,
+) -> tuple[Callable[[list[int]], str], bool]:
+    """The tokenizer's decode, and whether it is the Rust backend's plain ``decode``."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerBase
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -121,10 +126,10 @@ def _backend_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]]
         and cls.decode is PreTrainedTokenizerBase.decode
         and cls._decode is TokenizersBackend._decode
     ):
-        return lambda ids: str(backend.decode(ids, skip_special_tokens=False))
+        return lambda ids: str(backend.decode(ids, skip_special_tokens=False)), True
     return lambda ids: str(
         tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    )
+    ), False
 
 
 def _tiktoken_decoder(
