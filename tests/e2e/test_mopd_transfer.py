@@ -9,6 +9,8 @@ Five seeds of this run on the 2-core CPU machine (bench/results/mopd_recipe/, fi
 at 81-88% (calculator) and 100% (lookup): rises of at least 0.69 and 0.94, so the margins leave
 one held-out row or more of slack. The routing controls of ``bench/mopd_transfer.py`` (swapped:
 0% on both; one teacher: lookup 0%) show that the rise comes from each task's own teacher.
+Those runs had the lookup teacher at 300 steps; it now trains for 400, because 300 left it at
+50% on an AVX-512 host (docs/results.md).
 """
 
 from __future__ import annotations
