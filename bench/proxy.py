@@ -1019,7 +1019,11 @@ def main(args: argparse.Namespace) -> int:
                             "stream_added_cpu_us_per_chunk"):  # fmt: skip
                     stream[f"before_{key}"] = before[0][key]
             if args.stream_interval > 1:  # the same proxy with --stream-interval, same run
-                spaced = measure(interval=args.stream_interval)[0]
+                # this proxy alone: --before's figures are the variants above and below
+                (spaced,) = _streaming(
+                    stream_file, tmp, stream_common, len(stream_ids), args.stream_seconds,
+                    interval=args.stream_interval,
+                )  # fmt: skip
                 stream["stream_interval"] = args.stream_interval
                 for key in ("stream_engine_chunks_per_call", "whole_cpu_us_per_call",
                             "stream_cpu_us_per_call", "stream_added_cpu_us_per_chunk",

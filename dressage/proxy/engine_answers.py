@@ -323,8 +323,6 @@ class _Chunks:
         meta: dict[str, Any] = {}
         finish: Any = None
         shown: Any = ""  # the last weight version given (the joined output's)
-        seen: Any = _UNSEEN
-        version = 0
         for start, stop in spans:
             try:
                 data = orjson.loads(block[start:stop])
@@ -342,19 +340,18 @@ class _Chunks:
             ):
                 return None
             try:
-                ids += [int(t[1]) for t in triples]
-                logprobs += [float(t[0]) for t in triples]
-            except (TypeError, ValueError, IndexError, KeyError):
+                new_ids, new_logprobs = _triples(triples, self.rid, self.url)
+            except EngineError:
                 return None
+            ids += new_ids
+            logprobs += new_logprobs
             given = meta.get("weight_version", "")
             if given != "":
                 shown = given
             if meta.get("weight_versions"):
                 versions += token_versions(meta, received, len(triples))
             else:
-                if given != seen:  # most chunks repeat the version before them
-                    seen, version = given, parse_version(given)
-                versions += [version] * len(triples)
+                versions += [parse_version(given)] * len(triples)
             if "output_top_logprobs" in meta:
                 tops += _tops(meta, 0)
             received += len(triples)
@@ -405,9 +402,6 @@ class _Chunks:
         self.received += len(ids)
         self.version = parse_version(meta.get("weight_version"))
         return out
-
-
-_UNSEEN = object()
 
 
 def _is_abort(finish: dict[str, Any]) -> bool:
