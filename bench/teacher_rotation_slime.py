@@ -88,7 +88,8 @@ TRAIN_BYTES_PER_PARAMETER = 18
 buffer (4) and main parameters (4), Adam's two float32 moments (8)."""
 ACTIVATION_HEADROOM = 24e9
 """Bytes left for the step's activations and logits at 8k tokens (4B measured: 72 GB of states
-did not fit beside them on an 80 GB H100)."""
+did not fit beside them on an 80 GB H100). Shorter responses do not bring 4B onto that card: at
+2k tokens its step ran out of memory there too, with 75.6 GiB allocated."""
 
 
 def parameters(shape: dict[str, Any]) -> int:
